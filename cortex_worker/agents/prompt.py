@@ -1,0 +1,324 @@
+"""What the model reads: the system prompt, and the blocks the runtime adds to each turn.
+
+* `build_system_prompt(agent, registry)`: the protocol rules, a short example, the agent's own
+  instructions, then what it may use (tools with their parameter schemas, agents, relics,
+  workflows, context feeds, internal actions). Deterministic: the same agent and registry
+  always give the same text.
+* `format_results` / `format_feeds` / `format_errors` / `PROTOCOL_REMINDER`: the feedback of a
+  turn (`<result>` and `<context_feed>` blocks, protocol errors, the reminder).
+* `tool_functions(agent, registry)`: the agent's tools as OpenAI function definitions, for
+  models with `native_tools`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from cortex_worker.agents.spec import INTERNAL_ACTIONS, AgentSpec
+
+if TYPE_CHECKING:
+    from cortex_worker.manifests import Registry
+    from cortex_worker.tools.spec import ToolSpec
+
+__all__ = [
+    "EXAMPLE",
+    "PROTOCOL_REMINDER",
+    "PROTOCOL_RULES",
+    "RESULT_STATUSES",
+    "build_system_prompt",
+    "format_errors",
+    "format_feeds",
+    "format_results",
+    "tool_functions",
+]
+
+RESULT_STATUSES = ("ok", "error", "timeout", "skipped", "cancelled")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+PROTOCOL_RULES = """\
+# How you work: the Streaming Execution Protocol
+
+Your output is read while you write it. Write it as these blocks (they are not XML: write \
+JSON, Markdown, `<` and `&` as they are):
+
+- `<thought>...</thought>`: your reasoning, shown to the user. You may start actions inside it.
+- `<action type="..." mode="..." id="...">{JSON}</action>`: do something. The body is one \
+valid JSON object: `{"name": "<target>", "parameters": {...}}` (double quotes, no comments). \
+Optional body keys: "output_key", "depends_on", "timeout" (seconds), "retry" (count), \
+"on_error" ("fail" or "continue").
+- `<response final="false">...</response>`: a progress update for the user (Markdown); you \
+keep working.
+- `<response final="true">...</response>`: your final answer (Markdown). The job ends after \
+this turn.
+
+Action attributes:
+- `type`: what `name` is: `tool` (the default), `agent`, `relic`, `workflow`, `llm` or \
+`internal`. Use only the names listed below.
+- `id`: a unique name for this action in the job (letters, digits, `_`). Always give one: it \
+is how you refer to the result.
+- `mode`:
+  - `async`: starts as soon as it is written while you keep writing. Use it for independent \
+work, and start it early, inside your `<thought>`, so it runs while you think. You see its \
+result in your next turn.
+  - `sync` (the default): use it when you need the result before you can go on. Your output \
+stops at its `</action>`; you continue in a new turn that has the result.
+  - `fire_and_forget`: starts, is never awaited, and its result is never shown to you \
+(logging, caching, notifications).
+- `depends_on`: ids that must finish first, e.g. `depends_on="a,b"`. Not needed when the \
+parameters already reference them.
+
+References: in parameters and responses, `$id` (or `${id}`) is the result of the action with \
+that id or `output_key`, and `$id.field.0` / `${id.field}` reaches inside it. A parameter that \
+is exactly `"$id"` gets the value with its JSON type; inside a longer string it becomes text. \
+An action that references another one waits for it. Context feeds are variables too \
+(`$feed_id`). Write `$$` for a literal `$`.
+
+What you receive: each finished action comes back in your next turn as \
+`<result id="..." status="ok|error|timeout|skipped|cancelled">...</result>` (fire_and_forget \
+ones never do). `error` and `timeout` mean it failed: adapt (other parameters, another tool, \
+or explain). `skipped` means an action it depended on failed. Current context is given as \
+`<context_feed id="...">value</context_feed>` blocks. Never write `<result>` or \
+`<context_feed>` blocks yourself, and never invent a result: wait for it.
+
+Every turn must start at least one action or end with `<response final="true">`. Mistakes in \
+your blocks come back to you as protocol errors: correct them and go on."""
+
+EXAMPLE = """\
+## Example
+
+(tool names here are only an illustration)
+
+<thought>
+Two independent lookups first; they run while I think.
+<action type="tool" mode="async" id="paris">{"name": "search", "parameters": {"query": "population of Paris"}}</action>
+<action type="tool" mode="async" id="rome">{"name": "search", "parameters": {"query": "population of Rome"}}</action>
+I need both numbers before I can answer.
+</thought>
+<action type="tool" mode="sync" id="total">{"name": "calculator", "parameters": {"expression": "$paris.count + $rome.count"}}</action>
+
+Next turn, with `<result id="total" status="ok">5020000</result>` in your context:
+
+<response final="true">Paris and Rome have $total inhabitants together.</response>"""
+
+PROTOCOL_REMINDER = """\
+Your last turn neither started an action nor gave a final response. Every turn must do one \
+of them: call an action, e.g. `<action type="tool" mode="sync" id="step1">{"name": "...", \
+"parameters": {...}}</action>`, or finish with `<response final="true">your answer</response>`."""
+
+_INTERNAL_PARAMETERS: dict[str, str] = {
+    "add_context_feed": '{"id", "type": "on_demand" | "periodic", "interval" (seconds), '
+    '"source": {"type", "name", "params"}}: add a feed, then readable as $id',
+    "remove_context_feed": '{"id"}: remove a feed',
+    "update_context_feed": '{"id", and the fields to change}: change a feed',
+    "list_context_feeds": "{}: the current feeds",
+    "set_variable": '{"name", "value"}: set $name',
+    "delete_variable": '{"name"}: delete $name',
+    "clear_context": "{}: clear the conversation context",
+}
+
+_FIXES: dict[str, str] = {
+    "invalid_json": (
+        'write the body as one valid JSON object, {"name": "...", "parameters": {...}}, with '
+        'double-quoted keys and strings and no comments; write "</action>" inside a string as '
+        '"<\\/action>"'
+    ),
+    "unclosed_block": "close every block: </thought>, </action>, </response>",
+    "duplicate_id": "give the action an id you have not used in this job",
+    "unknown_dependency": (
+        "depends_on may only list ids of actions of this job; write that action first or "
+        "remove the entry"
+    ),
+    "cycle": "remove the circular dependency: no action may wait, even indirectly, for itself",
+    "unknown_type": "type must be one of: tool, agent, relic, workflow, llm, internal",
+    "unknown_mode": "mode must be one of: sync, async, fire_and_forget (with underscores)",
+}
+
+
+# ---------------------------------------------------------------- the system prompt
+
+
+def build_system_prompt(agent: AgentSpec, registry: Registry) -> str:
+    """The agent's whole system prompt: protocol, example, instructions, what it may use."""
+    intro = f"You are {agent.name}, an agent running in Cortex."
+    if agent.description.strip():
+        intro += f" {agent.description.strip()}"
+    parts = [intro, PROTOCOL_RULES, EXAMPLE]
+    if agent.system_prompt.strip():
+        parts.append(f"# Your instructions\n\n{agent.system_prompt.strip()}")
+    parts.append(_tools_section(agent, registry))
+    if agent.agents:
+        parts.append(_agents_section(agent, registry))
+    for section, label in (("relics", "Relics"), ("workflows", "Workflows")):
+        names = getattr(agent, section)
+        if names:
+            kind = section[:-1]
+            lines = [f'# {label} (type="{kind}")', ""]
+            lines += [f"- {name}" for name in names]
+            parts.append("\n".join(lines))
+    feeds = [feed for feed in agent.context_feeds if feed.enabled]
+    if feeds:
+        lines = ["# Context feeds", "", "Given as <context_feed> blocks; readable as $id:"]
+        lines += [f"- {feed.id} ({feed.type})" for feed in feeds]
+        parts.append("\n".join(lines))
+    parts.append(_internal_section(agent))
+    return "\n\n".join(parts) + "\n"
+
+
+def _tools_section(agent: AgentSpec, registry: Registry) -> str:
+    if not agent.tools:
+        return '# Tools (type="tool")\n\nNone: do not write type="tool" actions.'
+    lines = ['# Tools (type="tool")', ""]
+    if agent.model.native_tools:
+        lines += ["You may also call these tools as native function calls.", ""]
+    for name in agent.tools:
+        spec = registry.tool(name)
+        description = _one_line(spec.description)
+        lines.append(f"- {spec.name}" + (f": {description}" if description else ""))
+        lines.append(f"  parameters: {_compact(spec.parameters)}")
+    return "\n".join(lines)
+
+
+def _agents_section(agent: AgentSpec, registry: Registry) -> str:
+    lines = [
+        '# Agents (type="agent")',
+        "",
+        'Call one with `{"name": "<agent>", "parameters": {"input": "<what it should do>"}}`; '
+        "its result is its final response.",
+        "",
+    ]
+    for name in agent.agents:
+        other = registry.agents.get(name)
+        description = _one_line(other.description) if other else ""
+        lines.append(f"- {name}" + (f": {description}" if description else ""))
+    return "\n".join(lines)
+
+
+def _internal_section(agent: AgentSpec) -> str:
+    allowed = [name for name in INTERNAL_ACTIONS if agent.internal_actions.permits(name)]
+    if not allowed:
+        return '# Internal actions (type="internal")\n\nNone: do not write type="internal" actions.'
+    lines = ['# Internal actions (type="internal")', ""]
+    lines += [f"- {name} {_INTERNAL_PARAMETERS[name]}" for name in allowed]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- turn feedback
+
+
+def format_results(results: list[dict[str, Any]], limit_chars: int = 4000) -> str:
+    """`<result id status>` blocks, one per finished action; bodies over `limit_chars` cut.
+
+    Each result has `id`, `status` (ok, error, timeout, skipped, cancelled) and `value` or
+    `error` (`reason` is accepted for error). Strings are written as they are, anything else as
+    JSON.
+    """
+    blocks = []
+    for result in results:
+        ident = str(result["id"])
+        status = str(result.get("status", "ok"))
+        if status not in RESULT_STATUSES:
+            raise ValueError(
+                f"result {ident!r}: unknown status {status!r} "
+                f"(expected one of: {', '.join(RESULT_STATUSES)})"
+            )
+        if "value" in result:
+            payload = result["value"]
+        else:
+            payload = result.get("error", result.get("reason", ""))
+        body = _text(payload)
+        if len(body) > limit_chars:
+            more = len(body) - limit_chars
+            if status == "ok" and _NAME.match(ident):
+                hint = f"pass ${ident} to an action to use the whole value"
+            else:
+                hint = "the rest is not shown"
+            body = f"{body[:limit_chars]}\n[truncated: {more} more characters; {hint}]"
+        body = body.replace("</result>", "<\\/result>")
+        blocks.append(f"<result id={_attr(ident)} status={_attr(status)}>{body}</result>")
+    return "\n".join(blocks)
+
+
+def format_feeds(feeds: Mapping[str, Any], max_chars: int | None = None) -> str:
+    """`<context_feed id>` blocks, sorted by id; values over `max_chars` cut with a note."""
+    blocks = []
+    for ident in sorted(feeds):
+        body = _text(feeds[ident])
+        if max_chars is not None and len(body) > max_chars:
+            more = len(body) - max_chars
+            body = f"{body[:max_chars]}\n[truncated: {more} more characters]"
+        body = body.replace("</context_feed>", "<\\/context_feed>")
+        blocks.append(f"<context_feed id={_attr(str(ident))}>{body}</context_feed>")
+    return "\n".join(blocks)
+
+
+def format_errors(errors: list[dict[str, Any]]) -> str:
+    """Feedback on a turn's protocol errors: where, what, and how to fix each one."""
+    if not errors:
+        return ""
+    count = len(errors)
+    lines = [
+        "<feedback>",
+        f"Your last output had {count} protocol error{'s' if count != 1 else ''}. The blocks "
+        "they name were not run:",
+    ]
+    for error in errors:
+        kind = str(error.get("kind", "protocol_error"))
+        where = []
+        if error.get("line") is not None:
+            where.append(f"line {error['line']}")
+        if error.get("column") is not None:
+            where.append(f"column {error['column']}")
+        place = ", ".join(where)
+        action = f" (action {error['action_id']!r})" if error.get("action_id") else ""
+        message = str(error.get("message", "")).strip()
+        fix = _FIXES.get(kind, "rewrite the block following the protocol rules")
+        head = f"- {place}: {kind}" if place else f"- {kind}"
+        lines.append(f"{head}{action}: {message}. Fix: {fix}.")
+    lines.append("Write the corrected actions again (with new ids where needed) and go on.")
+    lines.append("</feedback>")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- native function calling
+
+
+def tool_functions(agent: AgentSpec, registry: Registry) -> list[dict[str, Any]]:
+    """The agent's tools in OpenAI function-calling format, in the agent's order."""
+    return [_function(registry.tool(name)) for name in agent.tools]
+
+
+def _function(spec: ToolSpec) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": spec.name, "parameters": spec.parameters}
+    if spec.description:
+        function["description"] = spec.description
+    return {"type": "function", "function": function}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _text(value: Any) -> str:
+    """Strings as they are, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _attr(value: str) -> str:
+    """An attribute value in double quotes (single quotes if it holds a double quote)."""
+    if '"' not in value:
+        return f'"{value}"'
+    if "'" not in value:
+        return f"'{value}'"
+    return '"' + value.replace('"', "'") + '"'

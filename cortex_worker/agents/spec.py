@@ -1,0 +1,71 @@
+"""`kind: Agent` manifests."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cortex_worker.llm.config import ModelConfig
+
+INTERNAL_ACTIONS = ("add_context_feed", "remove_context_feed", "update_context_feed",
+                    "list_context_feeds", "set_variable", "delete_variable", "clear_context")
+
+
+class InternalActionPolicy(BaseModel):
+    """Which internal actions a model may call (protocol.md §6)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    allowed: list[str] = Field(default_factory=lambda: list(INTERNAL_ACTIONS))
+    blocked: list[str] = Field(default_factory=list)
+
+    def permits(self, name: str) -> bool:
+        return self.enabled and name in self.allowed and name not in self.blocked
+
+
+class FeedSource(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["internal", "tool", "relic", "workflow", "llm"]
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class FeedSpec(BaseModel):
+    """A context feed declared by an agent (computed by the runtime, shown in prompts)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    type: Literal["on_demand", "periodic"] = "on_demand"
+    source: FeedSource
+    interval: float | None = Field(default=None, gt=0)
+    cache_ttl: float | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, gt=0)
+    enabled: bool = True
+
+
+class AgentSpec(BaseModel):
+    """An agent: its model, its instructions, and what it may use."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["Agent"] = "Agent"
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+    description: str = ""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    system_prompt: str = Field(default="", description="instructions, inline")
+    system_prompt_file: str | None = Field(default=None,
+                                           description="instructions from a file, relative to the manifest")
+    tools: list[str] = Field(default_factory=list)
+    agents: list[str] = Field(default_factory=list)
+    relics: list[str] = Field(default_factory=list)
+    workflows: list[str] = Field(default_factory=list)
+    max_turns: int = Field(default=10, gt=0, le=1000)
+    max_wall_time_s: float = Field(default=600.0, gt=0)
+    max_actions: int = Field(default=200, gt=0)
+    max_depth: int = Field(default=3, ge=0, le=20, description="nesting of agent actions")
+    context_feeds: list[FeedSpec] = Field(default_factory=list)
+    internal_actions: InternalActionPolicy = Field(default_factory=InternalActionPolicy)

@@ -1,0 +1,59 @@
+"""The Celery app: one queue per pool, JSON only, late acks, nothing lost when a worker dies."""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from cortex_worker.settings import Settings, get_settings
+
+POOLS = ("agent", "tool", "llm", "relic", "docker")
+
+# Queue of each action type; tools route by runtime (see tools.spec.queue_for).
+TYPE_QUEUES = {"tool": "tool", "llm": "llm", "agent": "agent", "relic": "relic",
+               "workflow": "agent", "internal": "agent"}
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    """Build the Celery app for `settings` (the environment's by default)."""
+    settings = settings or get_settings()
+    app = Celery("cortex", broker=settings.broker, backend=settings.redis_url,
+                 include=["cortex_worker.tasks"])
+    app.conf.update(
+        task_queues=[Queue(name, Exchange(name, type="direct"), routing_key=name) for name in POOLS],
+        task_default_queue="tool",
+        task_default_exchange="tool",
+        task_default_routing_key="tool",
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_track_started=False,
+        result_expires=3600,
+        broker_connection_retry_on_startup=True,
+        # Sending a task (a ready action, a canvas's next step, a turn) rides out a broker
+        # restart of up to ~30 s; Celery's default gives up after 0.6 s and the step is lost.
+        task_publish_retry_policy={"max_retries": 40, "interval_start": 0,
+                                   "interval_step": 0.25, "interval_max": 1.0},
+        # A task unacknowledged this long is delivered again: longer than any action may run.
+        # kombu looks for such tasks every interval x throttle seconds (10 x 10 by default):
+        # look every min(10, timeout / 2) s, so a short timeout really is short.
+        broker_transport_options={
+            "visibility_timeout": settings.visibility_timeout_s,
+            "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 2)),
+            "unacked_restore_throttle": 1,
+        },
+        result_backend_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        worker_hijack_root_logger=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
+    return app
+
+
+app = create_app()

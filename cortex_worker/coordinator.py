@@ -1,0 +1,431 @@
+"""The agent loop (protocol.md §5): one task per turn, on the `agent` pool.
+
+A turn streams the model through the parser, logs thought and response chunks as they arrive,
+and registers and dispatches each action the moment its `</action>` closes. A sync action ends
+the generation. The turn then closes its plan and the task returns: no slot is held while
+actions run. The last of the turn's awaited actions to finish sends the next turn (see
+`jobs.on_drained`), whose prompt carries their `<result>` blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cortex_worker import dispatch, feeds
+from cortex_worker.agents.prompt import (
+    PROTOCOL_REMINDER,
+    build_system_prompt,
+    format_errors,
+    format_feeds,
+    format_results,
+    tool_functions,
+)
+from cortex_worker.agents.spec import AgentSpec
+from cortex_worker.jobs import JobOptions, cancel_children, render_responses
+from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.gateway import open_stream
+from cortex_worker.llm.stream import ModelError, TextDelta, ToolCall, Usage, tool_call_to_protocol
+from cortex_worker.plan.stream import StreamPlanner
+from cortex_worker.protocol import parser as p
+from cortex_worker.protocol.actions import Action
+from cortex_worker.runtime import get_registry
+from cortex_worker.settings import get_settings
+from cortex_worker.store import JOB_TERMINAL, Store, dumps, job_keys
+
+log = logging.getLogger(__name__)
+
+MAX_REMINDERS = 3
+STATUS_CHECK_S = 1.0  # how often a streaming turn looks at its job's status
+FLUSH_S = 0.05  # the most a thought or response chunk waits before it is logged (and renews its lease)
+TURN_LEASE_S = 30.0  # a turn whose owner has not renewed it this long may be taken over
+RESULT_CHARS = 4000
+CHUNK_EVENTS = {p.TEXT, p.THOUGHT_CHUNK, p.RESPONSE_CHUNK, p.THOUGHT_END, p.CONTEXT_FEED,
+                p.WARNING, p.PROTOCOL_ERROR}
+
+
+def _resume(store: Store, job_id: str) -> tuple[int, list[str], bool]:
+    """Begin the next turn, or take over the turn in progress if its owner died (a process
+    of this host that no longer exists) or its lease expired (another host)."""
+    from cortex_worker.executor import _dead_here, owner
+
+    me = owner()
+    turn, finished, restarted = store.resume(job_id, me, TURN_LEASE_S)
+    if turn:
+        return turn, finished, restarted
+    current = (store.get_job(job_id) or {}).get("turn_owner") or ""
+    if current and current != me and _dead_here(current):
+        return store.resume(job_id, me, TURN_LEASE_S, dead_owner=current)
+    return 0, [], False
+
+
+def run_turns(store: Store, job_id: str) -> None:
+    """Run the job's next turn(s) while nothing is left to wait for.
+
+    A redelivered turn task (its coordinator was killed mid-turn) takes the turn over: it
+    generates the turn again from the same prompt and planner state, skipping what the dead
+    coordinator had already done (`turn_phase`), and never dispatching an action again that
+    was already registered (see `_start_action`)."""
+    while True:
+        turn, finished, restarted = _resume(store, job_id)
+        if not turn:
+            return
+        job = store.get_job(job_id) or {}
+        phase = job.get("turn_phase") if restarted else "resumed"
+        if restarted:
+            log.warning("job %s: taking over turn %s (phase %s) from %s", job_id, turn, phase,
+                        job.get("turn_owner"))
+            store.emit(job_id, [("warning", {
+                "kind": "turn_restarted", "turn": turn,
+                "message": f"turn {turn} was taken over from a coordinator that stopped; "
+                           "events of this turn already sent may repeat"})])
+        try:
+            agent = get_registry().agent(job["agent"])
+        except Exception as exc:
+            end_job(store, job_id, "failed", error=str(exc), turns=turn - 1)
+            return
+        if phase == "resumed":
+            if _close_previous_turn(store, job_id, job, agent, turn):
+                return
+            store.set_job(job_id, turn_phase="generating")
+        if phase != "generated":
+            try:
+                turn_state = _generate(store, job_id, job, agent, turn, finished,
+                                       restarted=restarted)
+            except ModelError as exc:
+                end_job(store, job_id, "failed", error=f"model error: {exc}")
+                return
+            if turn_state is None:
+                return
+        if not store.register(job_id, [], close=True).drained:
+            return  # the last awaited action to finish sends the next turn
+
+
+def _close_previous_turn(store: Store, job_id: str, job: dict[str, str], agent: AgentSpec,
+                         turn: int) -> bool:
+    """Render the last turn's responses, then end the job if it is done; True if it ended."""
+    events, final = render_responses(store, job_id, json.loads(job.get("pending_responses") or "[]"))
+    result = final or job.get("result") or None
+    if turn > 1:
+        events.append(("turn_completed", {"turn": turn - 1}))
+    if events:  # before clearing them: a coordinator that dies between repeats, never loses
+        store.emit(job_id, events)
+    store.set_job(job_id, pending_responses="[]", result=result or "")
+    started = float(job.get("started_at") or job.get("created_at") or time.time())
+    ran = turn - 1  # `turn` is the one about to start; it never runs if the job ends here
+    if job.get("final") == "1":
+        end_job(store, job_id, "completed", result=result, turns=ran)
+    elif int(job.get("reminders") or 0) >= MAX_REMINDERS:
+        end_job(store, job_id, "failed", error=f"{MAX_REMINDERS} turns in a row without an action "
+                "or a final response", turns=ran)
+    elif turn > agent.max_turns:
+        end_job(store, job_id, "failed", error=f"max_turns ({agent.max_turns}) reached without a "
+                "final response", turns=ran)
+    elif time.time() - started > agent.max_wall_time_s:
+        end_job(store, job_id, "failed", error=f"wall time limit ({agent.max_wall_time_s:g} s) reached",
+                turns=ran)
+    else:
+        return False
+    return True
+
+
+@dataclass
+class _Turn:
+    """What one generation produced."""
+
+    actions: int = 0
+    final: bool = False
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    responses: list[dict[str, Any]] = field(default_factory=list)
+    stopped_at: int | None = None  # offset just past a sync action's </action>
+    limit: str | None = None  # a limit the turn hit; the job ends with it
+    ended: bool = False  # the job ended (cancelled, or its wall time ran out) mid-generation
+    batch: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    flushed_at: float = 0.0
+
+
+def _stop_reason(store: Store, job_id: str, agent: AgentSpec, job: dict[str, str],
+                 renew: bool = False) -> str | None:
+    """Why a generation must stop now: "ended" (cancelled or failed elsewhere, or the turn
+    was taken over by another coordinator), the wall time limit, or None. `renew`: extend
+    this coordinator's turn lease."""
+    from cortex_worker.executor import owner
+
+    current = store.get_job(job_id) or {}
+    if current.get("status") in JOB_TERMINAL:
+        return "ended"
+    if renew and current.get("turn_owner"):
+        if current["turn_owner"] != owner():
+            return "ended"  # our lease ran out and another coordinator owns the turn now
+        store.set_job(job_id, turn_lease=repr(time.time() + TURN_LEASE_S))
+    started = float(job.get("started_at") or job.get("created_at") or time.time())
+    if time.time() - started > agent.max_wall_time_s:
+        return f"wall time limit ({agent.max_wall_time_s:g} s) reached"
+    return None
+
+
+def _prompt(store: Store, job_id: str, job: dict[str, str], agent: AgentSpec, turn: int,
+            finished: list[str]) -> list[dict[str, Any]]:
+    parts: list[str] = []
+    if turn == 1:
+        parts.append(job.get("input", ""))
+    records = store.results(job_id, finished)
+    results = [{"id": a, "status": r["status"], "value": r.get("value")} if r["status"] == "ok"
+               else {"id": a, "status": r["status"], "error": r.get("error")}
+               for a, r in records.items()]
+    if results:
+        parts.append(format_results(results, RESULT_CHARS))
+    errors = json.loads(job.get("feedback") or "[]")
+    if errors:
+        parts.append(format_errors(errors))
+    if job.get("remind") == "1":
+        parts.append(PROTOCOL_REMINDER)
+    context = feeds.current_values(store, job_id, agent.name)
+    if context:
+        parts.append(format_feeds(context))
+    system = build_system_prompt(agent, get_registry())
+    user = {"role": "user", "content": "\n\n".join(x for x in parts if x) or PROTOCOL_REMINDER}
+    return [{"role": "system", "content": system}, *store.conversation(job_id), user]
+
+
+def _generate(store: Store, job_id: str, job: dict[str, str], agent: AgentSpec, turn: int,
+              finished: list[str], restarted: bool = False) -> _Turn | None:
+    messages = _prompt(store, job_id, job, agent, turn, finished)
+    if not restarted:
+        begin = [("job_started", {"kind": "agent", "agent": agent.name})] if turn == 1 else []
+        store.emit(job_id, [*begin, ("turn_started", {"turn": turn})])
+    planner = StreamPlanner.from_json(json.loads(job.get("planner") or "{}"))
+    tools = tool_functions(agent, get_registry()) if agent.model.native_tools else None
+    options = JobOptions.model_validate_json(job.get("options") or "{}")
+    model = agent.model.model_copy(update={"model": options.model}) if options.model else agent.model
+    depth = int(job.get("depth") or 0)
+    for attempt in (1, 2):
+        state = _Turn()
+        parser = p.StreamParser(known_ids=set(planner.ids), first_action_number=len(planner.ids) + 1)
+        text: list[str] = []
+        usage: Usage | None = None
+        stream = open_stream(model, messages, tools=tools, base_dir=get_settings().manifests)
+        check_at = time.monotonic() + STATUS_CHECK_S
+        try:
+            for piece in stream:
+                if time.monotonic() >= check_at:  # cancelled, or out of time, while streaming?
+                    check_at = time.monotonic() + STATUS_CHECK_S
+                    if _stop_reason(store, job_id, agent, job, renew=True):
+                        state.ended = True
+                        break
+                if isinstance(piece, Usage):
+                    usage = piece
+                    continue
+                chunk = piece.text if isinstance(piece, TextDelta) else tool_call_to_protocol(piece) \
+                    if isinstance(piece, ToolCall) else ""
+                text.append(chunk)
+                _handle(store, job_id, agent, planner, parser.feed(chunk), state, depth, model)
+                if state.stopped_at is not None:
+                    break
+        except ModelError as exc:
+            if attempt == 1 and exc.retryable and state.actions == 0:
+                _flush(store, job_id, state)
+                store.emit(job_id, [("warning", {"kind": "model_retry", "message":
+                                                 f"the model stream broke ({exc}); turn restarted"})])
+                continue
+            raise
+        finally:
+            close = getattr(stream, "close", None)
+            if close:
+                close()
+        break
+    if state.ended:
+        _flush(store, job_id, state)
+        reason = _stop_reason(store, job_id, agent, job)
+        if reason and reason != "ended":
+            end_job(store, job_id, "failed", error=reason, turns=turn)
+        return None
+    tail = parser.close()
+    if state.stopped_at is not None:  # we cut the stream: open blocks are not the model's fault
+        tail = [e for e in tail if not (e.type == p.PROTOCOL_ERROR and e.data["kind"] == "unclosed_block")]
+    _handle(store, job_id, agent, planner, tail, state, depth, model)
+    _fail_unseen_dependencies(store, job_id, planner, state)
+    _flush(store, job_id, state)
+    if state.limit is not None:
+        end_job(store, job_id, "failed", error=state.limit, turns=turn)
+        return None
+
+    generated = "".join(text)
+    if state.stopped_at is not None:
+        generated = generated[:state.stopped_at]
+    store.append_conversation(job_id, messages[-1], {"role": "assistant", "content": generated})
+    idle = state.actions == 0 and not state.final
+    fields: dict[str, Any] = {
+        "planner": planner.to_json(), "pending_responses": state.responses,
+        "final": "1" if state.final else job.get("final", "0"),
+        "feedback": [{k: e[k] for k in ("kind", "message", "line", "column")} for e in state.errors],
+        "remind": "1" if idle else "0",
+        "reminders": str(int(job.get("reminders") or 0) + 1 if idle else 0),
+        "turn_phase": "generated",
+    }
+    if usage is not None:
+        fields["prompt_tokens"] = str(int(job.get("prompt_tokens") or 0) + usage.prompt_tokens)
+        fields["completion_tokens"] = str(int(job.get("completion_tokens") or 0) + usage.completion_tokens)
+        store.emit(job_id, [("usage", {"turn": turn, "prompt_tokens": usage.prompt_tokens,
+                                       "completion_tokens": usage.completion_tokens})])
+    store.set_job(job_id, **fields)
+    return state
+
+
+def _handle(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
+            events: list[p.ParseEvent], state: _Turn, depth: int, model: ModelConfig) -> None:
+    """Log parse events in order; register and dispatch each action as it closes."""
+    for event in events:
+        if state.stopped_at is not None:
+            return
+        if event.type == p.RESPONSE_END:
+            state.responses.append({"final": event.data["final"], "text": event.data["text"]})
+            state.final = state.final or event.data["final"]
+        elif event.type == p.ACTION_PARSED:
+            action: Action = event.data["action"]
+            cap = min(agent.max_actions, get_settings().max_actions_per_job)
+            if len(planner.ids) >= cap:
+                state.limit = f"max_actions ({cap}) reached: the agent wrote more actions than allowed"
+                state.stopped_at = event.data["end"]
+                break
+            state.batch.append((p.ACTION_PARSED, {"action": action.model_dump(mode="json")}))
+            _flush(store, job_id, state)
+            _start_action(store, job_id, agent, planner, action, depth, model)
+            state.actions += 1
+            if action.mode.value == "sync":
+                state.stopped_at = event.data["end"]
+        elif event.type in CHUNK_EVENTS:
+            if event.type == p.PROTOCOL_ERROR:
+                state.errors.append(event.data)
+            state.batch.append((event.type, event.data))
+    _flush(store, job_id, state, force=False)
+
+
+def _flush(store: Store, job_id: str, state: _Turn, *, force: bool = True) -> None:
+    """Log the buffered events. Text chunks are sent at most every FLUSH_S (one Redis call
+    per token would cost a worker more CPU than the parse); anything else goes at once."""
+    if not state.batch:
+        return
+    now = time.monotonic()
+    if not force and now - state.flushed_at < FLUSH_S:
+        return
+    store.emit(job_id, _coalesce(state.batch))
+    state.batch = []
+    state.flushed_at = now
+
+
+def _coalesce(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    events = p.coalesce([p.ParseEvent(kind, data) for kind, data in batch])
+    return [(e.type, e.data) for e in events]
+
+
+def _refusal(agent: AgentSpec, action: Action, depth: int) -> str | None:
+    """Why this agent may not run this action, or None."""
+    kind, name = action.type.value, action.name
+    if kind == "tool" and name not in agent.tools:
+        return f"tool {name!r} is not available to agent {agent.name!r} (it may use: " \
+               f"{', '.join(agent.tools) or 'no tools'})"
+    if kind == "agent":
+        if name not in agent.agents:
+            return f"agent {name!r} is not available to agent {agent.name!r}"
+        if depth + 1 > agent.max_depth:
+            return f"agent nesting depth limit ({agent.max_depth}) reached"
+    if kind == "internal" and not agent.internal_actions.permits(name):
+        return f"internal action {name!r} is not allowed for agent {agent.name!r} (see its " \
+               "manifest's internal_actions)"
+    if kind == "relic" and name.split(".", 1)[0] not in agent.relics:
+        return f"relic {name!r} is not available to agent {agent.name!r}"
+    if kind == "workflow" and name not in agent.workflows:
+        return f"workflow {name!r} is not available to agent {agent.name!r}"
+    return None
+
+
+def _start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
+                  action: Action, depth: int, model: ModelConfig) -> None:
+    deps, after = planner.add(action)
+    spec = action.model_dump(mode="json")
+    spec.update(depends_on=deps, after=after, depth=depth, agent=agent.name)
+    if action.type.value == "llm":
+        spec["model"] = model.model_dump(mode="json")  # the job's model (option `model`)
+    entry = {"id": action.id, "spec": dumps(spec), "deps": deps, "after": after,
+             "on_error": action.on_error.value, "awaited": action.mode.value != "fire_and_forget"}
+    refusal = _refusal(agent, action, depth)
+    if refusal is not None:  # registered (dependents may wait on it), never queued
+        entry.update(deps=[], after=[], hold=True)
+    if store.spec(job_id, action.id) is not None:
+        # Registered by an earlier generation of this turn, whose coordinator died: never
+        # dispatch it again, unless it is still `queued` (it may have died before sending it;
+        # a second delivery of a sent one is harmless: `claim` runs an action once).
+        if refusal is None and store.redis.hget(job_keys(job_id)[2], action.id) == "queued":
+            ready = [{"id": action.id}]
+        else:
+            return
+    else:
+        ready = store.register(job_id, [entry], close=False).ready
+    if refusal is not None:
+        from cortex_worker.executor import record_outcome
+
+        record_outcome(store, job_id, action.id, spec, "error", None, refusal)
+        return
+    if ready and action.type.value == "internal":  # runs here, in the coordinator
+        from cortex_worker.executor import execute
+
+        execute(job_id, action.id, spec, trigger=True)
+    elif ready:
+        dispatch.send(job_id, [spec])
+
+
+def _fail_unseen_dependencies(store: Store, job_id: str, planner: StreamPlanner, state: _Turn) -> None:
+    from cortex_worker.executor import record_outcome
+
+    for action_id, missing in list(planner.waiting.items()):
+        message = (f"action {action_id!r} depends on {', '.join(map(repr, missing))}, which no "
+                   "action of this job has")
+        state.errors.append({"kind": "unknown_dependency", "message": message, "line": 0, "column": 0})
+        state.batch.append((p.PROTOCOL_ERROR, {"kind": "unknown_dependency", "message": message,
+                                               "line": 0, "column": 0, "action_id": action_id}))
+        spec = {"id": action_id}
+        record_outcome(store, job_id, action_id, spec, "error", None, message)
+        del planner.waiting[action_id]
+
+
+def end_job(store: Store, job_id: str, status: str, *, result: str | None = None,
+            error: str | None = None, turns: int | None = None) -> None:
+    """End an agent job and hand its outcome to the parent action, if any. `turns`: how many
+    turns ran (default: the job's turn counter, which counts a turn as soon as it begins)."""
+    job = store.get_job(job_id) or {}
+    data: dict[str, Any] = {"status": status, "result": result, "error": error,
+                            "turns": int(job.get("turn") or 0) if turns is None else turns}
+    kind = {"completed": "job_completed", "cancelled": "job_cancelled"}.get(status, "job_failed")
+    if job.get("status") in JOB_TERMINAL:
+        return
+    if job.get("session"):  # before the job ends, so its next message sees this reply
+        store.append_session(job["session"], {
+            "role": "assistant", "content": result if status == "completed" else
+            f"[the job ended {status}: {error}]", "job_id": job_id})
+    ended = store.close(job_id, status, {"result": result or "", "error": error or "",
+                                         "turns": str(data["turns"])}, [(kind, data)])
+    if ended is not None:
+        dispatch.revoke(job_id, ended)
+        if status != "completed":
+            cancel_children(store, job_id)
+        notify_parent(store, job, status, result, error)
+
+
+def notify_parent(store: Store, job: dict[str, str], status: str, result: str | None,
+                  error: str | None) -> None:
+    """A child agent job ended: its result completes the parent's `type="agent"` action."""
+    parent, action_id = job.get("parent_job"), job.get("parent_action")
+    if not parent or not action_id:
+        return
+    from cortex_worker.executor import record_outcome
+
+    spec = store.spec(parent, action_id) or {"id": action_id}
+    if status == "completed":
+        record_outcome(store, parent, action_id, spec, "ok", result, None, trigger=True)
+    else:
+        record_outcome(store, parent, action_id, spec, "error", None,
+                       f"{job.get('kind') or 'child'} job {job.get('id')} {status}: {error}", trigger=True)

@@ -1,0 +1,99 @@
+"""Sending work to the pools: one action task per ready action, or one canvas per plan."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from cortex_worker.app import TYPE_QUEUES, app
+from cortex_worker.plan.canvas import Step, to_canvas
+from cortex_worker.runtime import get_registry
+from cortex_worker.tools.spec import queue_for
+
+ACTION_TASK = "cortex.action"
+CANVAS_TASK = "cortex.action.canvas"
+START_TASK = "cortex.start_job"
+TURN_TASK = "cortex.agent_turn"
+INVOKE_TASK = "cortex.invoke"
+FEED_TASK = "cortex.feed_refresh"
+DEFERRED_TASK = "cortex.deferred_timeout"
+
+
+def task_id(job_id: str, action_id: str) -> str:
+    """Deterministic Celery task id of an action, so it can be revoked by name."""
+    return f"{job_id}:{action_id}"
+
+
+def queue_of(spec: Mapping[str, Any]) -> str:
+    """The pool queue of an action: by type, and tools by their runtime."""
+    if spec["type"] == "tool":
+        tool = get_registry().tools.get(spec["name"])
+        return queue_for(tool) if tool is not None else "tool"
+    return TYPE_QUEUES[spec["type"]]
+
+
+def _options(job_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    return {"queue": queue_of(spec), "task_id": task_id(job_id, spec["id"]),
+            "argsrepr": f"({job_id!r}, {spec['id']!r}, {spec['name']!r})"}
+
+
+def send(job_id: str, specs: Iterable[Mapping[str, Any]], countdown: float | None = None) -> None:
+    """Send one task per action (readiness dispatch)."""
+    specs = list(specs)
+    if not specs:
+        return
+    with app.producer_or_acquire() as producer:
+        for spec in specs:
+            app.send_task(ACTION_TASK, args=[job_id, spec["id"], dict(spec), True],
+                          producer=producer, countdown=countdown, **_options(job_id, spec))
+
+
+def send_canvas(job_id: str, step: Step, specs: Mapping[str, Mapping[str, Any]]) -> None:
+    """Send a whole series-parallel plan as one canvas mirroring its structure."""
+    def signature(action_id: str) -> Any:
+        return app.signature(CANVAS_TASK, args=[job_id, action_id, None, False],
+                             immutable=True, **_options(job_id, specs[action_id]))
+
+    to_canvas(step, signature).apply_async()
+
+
+def start_job(job_id: str) -> None:
+    """Queue the start of a job on the agent pool."""
+    app.send_task(START_TASK, args=[job_id], queue="agent", task_id=f"{job_id}:start")
+
+
+def agent_turn(job_id: str) -> None:
+    """Queue an agent job's next turn on the agent pool."""
+    app.send_task(TURN_TASK, args=[job_id], queue="agent", argsrepr=f"({job_id!r},)")
+
+
+def invoke(spec: Mapping[str, Any], *, timeout: float, job_id: str) -> Any:
+    """Run one target on its pool outside any plan and wait for its value (context feeds)."""
+    result = app.send_task(INVOKE_TASK, args=[job_id, dict(spec), timeout], queue=queue_of(spec),
+                           argsrepr=f"({job_id!r}, {spec['id']!r}, {spec['name']!r})")
+    try:
+        outcome = result.get(timeout=timeout + 5, disable_sync_subtasks=False)
+    finally:
+        result.forget()
+    if "error" in outcome:
+        raise RuntimeError(outcome["error"])
+    return outcome["value"]
+
+
+def deferred_timeout(job_id: str, action_id: str, countdown: float) -> None:
+    """Check, once the timeout has passed, that a deferred (child-job) action has ended."""
+    app.send_task(DEFERRED_TASK, args=[job_id, action_id], queue="agent", countdown=countdown,
+                  argsrepr=f"({job_id!r}, {action_id!r})")
+
+
+def refresh_feed(job_id: str, feed_id: str, generation: int, countdown: float) -> None:
+    """Schedule a periodic feed's next refresh on the agent pool."""
+    app.send_task(FEED_TASK, args=[job_id, feed_id, generation], queue="agent",
+                  countdown=countdown, argsrepr=f"({job_id!r}, {feed_id!r})")
+
+
+def revoke(job_id: str, action_ids: Iterable[str]) -> None:
+    """Revoke actions: queued ones never start, running ones are terminated."""
+    ids = [task_id(job_id, a) for a in action_ids]
+    if ids:
+        app.control.revoke(ids, terminate=True, signal="SIGTERM")

@@ -1,0 +1,214 @@
+"""Running one action on a pool worker: claim it, substitute, run, record once, pass it on.
+
+Delivery is at least once; the `claim` and `finish` scripts make the result exactly once: a
+redelivered task whose result is recorded does not run again, it only re-sends what its end
+made ready (in case the worker died between recording and sending).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from cortex_worker import dispatch
+from cortex_worker.jobs import JobOptions, cancel_job, on_drained
+from cortex_worker.llm.stream import ModelError
+from cortex_worker.protocol.variables import find_references, substitute
+from cortex_worker.runtime import get_registry, get_store
+from cortex_worker.settings import get_settings
+from cortex_worker.store import Store, dumps
+from cortex_worker.targets import RUNNERS, Call, Deferred
+from cortex_worker.tools.errors import ToolError, ToolTimeout
+
+log = logging.getLogger(__name__)
+
+HOST = socket.gethostname()
+LEASE_GRACE_S = 30.0
+
+
+def owner() -> str:
+    """This process as a lease owner: `host:pid`."""
+    return f"{HOST}:{os.getpid()}"
+
+
+def _dead_here(lease_owner: str) -> bool:
+    """True if the lease belongs to a process of this host that no longer exists."""
+    host, _, pid = lease_owner.rpartition(":")
+    if host != HOST or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def action_timeout(spec: Mapping[str, Any]) -> float:
+    """The action's own timeout, else its tool's, else the default."""
+    if spec.get("timeout"):
+        return float(spec["timeout"])
+    if spec["type"] == "tool":
+        tool = get_registry().tools.get(spec["name"])
+        if tool is not None and tool.timeout:
+            return float(tool.timeout)
+    return get_settings().default_action_timeout_s
+
+
+def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: bool) -> str:
+    """Run one action; `trigger` sends its ready dependents (readiness dispatch).
+
+    Canvas steps carry no spec (a chain message holds every later step): it is read here.
+    """
+    store = get_store()
+    if spec is None:
+        spec = store.spec(job_id, action_id)
+        if spec is None:
+            return "stop"  # the job has expired
+    names = sorted(find_references(spec.get("parameters", {})))
+    timeout = action_timeout(spec)
+    lease = timeout + LEASE_GRACE_S
+    while True:
+        claim = store.claim(job_id, action_id, owner(), lease, names)
+        state = claim[0]
+        if state == "busy" and _dead_here(claim[1]):
+            claim = store.claim(job_id, action_id, owner(), lease, names, force=True)
+            state = claim[0]
+        if state == "run":
+            break
+        if state == "busy":
+            if trigger:  # look again when the other holder's lease runs out
+                wait = max(0.5, min(float(claim[2]) - time.time(), 5.0))
+                dispatch.send(job_id, [spec], countdown=wait)
+                return "busy"
+            time.sleep(0.2)  # a canvas step must not end before its action has
+            continue
+        if state == "done" and trigger:
+            dispatch.send(job_id, store.queued_dependents(job_id, action_id))
+            on_drained(store, job_id)
+        return state
+
+    attempt = int(claim[1])
+    lookup = {n: json.loads(v) for n, v in zip(names, claim[2:], strict=True) if v is not None}
+    params, unresolved = substitute(spec.get("parameters", {}), lookup)
+    if unresolved:
+        store.emit(job_id, [("warning", {
+            "kind": "unresolved_reference", "action_id": action_id,
+            "message": f"{u.text} in action {action_id!r} was left as written: {u.reason}"})
+            for u in unresolved])
+    started = time.time()
+    status, value, error = _run(job_id, action_id, spec, params, timeout)
+    finished = time.time()
+    if status == "deferred":  # a child job will record the outcome, unless time runs out
+        if spec.get("timeout"):
+            dispatch.deferred_timeout(job_id, action_id, countdown=float(spec["timeout"]))
+        return status
+
+    if status != "ok" and attempt <= int(spec.get("retry") or 0):
+        if store.retry(job_id, action_id, {"action_id": action_id, "attempt": attempt,
+                                           "status": status, "error": error}):
+            time.sleep(min(0.1 * 2 ** (attempt - 1), 5.0))
+            return execute(job_id, action_id, spec, trigger)
+        return "stop"
+    return _record(store, job_id, action_id, spec, trigger, status, value, error, attempt,
+                   started, finished)
+
+
+def _run(job_id: str, action_id: str, spec: Mapping[str, Any], params: Any,
+         timeout: float) -> tuple[str, Any, str | None]:
+    """Run the action's target; returns (status, value, error) and never raises."""
+    runner = RUNNERS.get(spec["type"])
+    try:
+        if runner is None:
+            raise ToolError(f"{spec['type']} actions cannot run in this version")
+        value = runner(Call(job_id, action_id, spec, params, timeout, get_settings()))
+        return "ok", value, None
+    except Deferred:
+        return "deferred", None, None
+    except ToolTimeout as exc:
+        return "timeout", None, str(exc)
+    except ModelError as exc:
+        return "error", None, f"model error: {exc}"
+    except ToolError as exc:
+        return "error", None, str(exc)
+    except Exception as exc:  # a bug in a tool must not take the worker down
+        log.exception("action %s of job %s crashed", action_id, job_id)
+        return "error", None, f"{type(exc).__name__}: {exc}"
+
+
+def expire_deferred(job_id: str, action_id: str) -> None:
+    """A deferred action's timeout ran out: it ends `timeout` and its child job is cancelled."""
+    store = get_store()
+    spec = store.spec(job_id, action_id)
+    if spec is None or store.results(job_id, [action_id]):
+        return  # the child ended in time (or the job expired)
+    from cortex_worker.jobs import cancel_job, child_job_id
+
+    message = f"timed out after {spec['timeout']:g}s; its child job was cancelled"
+    record_outcome(store, job_id, action_id, spec, "timeout", None, message)
+    cancel_job(store, child_job_id(job_id, action_id), reason=f"the action {action_id!r} of job "
+               f"{job_id} that started it timed out")
+
+
+def invoke(job_id: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run a target outside any plan: `{"value": ...}` or `{"error": "..."}`, never raises."""
+    status, value, error = _run(job_id, spec["id"], spec, spec.get("parameters", {}), timeout)
+    if status == "ok":
+        return {"value": value}
+    return {"error": error or f"{spec['type']} {spec['name']!r} cannot run here ({status})"}
+
+
+def record_outcome(store: Store, job_id: str, action_id: str, spec: Mapping[str, Any],
+                   status: str, value: Any, error: str | None, *, trigger: bool = True,
+                   attempt: int = 1, started: float | None = None,
+                   finished: float | None = None) -> str:
+    """Record an action's end (once), send what it made ready, and act on a drained job."""
+    now = time.time()
+    return _record(store, job_id, action_id, spec, trigger, status, value, error, attempt,
+                   started or now, finished or now)
+
+
+def _record(store: Store, job_id: str, action_id: str, spec: Mapping[str, Any], trigger: bool,
+            status: str, value: Any, error: str | None, attempt: int, started: float,
+            finished: float) -> str:
+    limit = get_settings().max_output_bytes
+    truncated = False
+    if status == "ok":
+        text = dumps(value)
+        if len(text.encode()) > limit:
+            cut = text.encode()[:limit].decode(errors="ignore")
+            value = f"{cut}…[truncated: {len(text.encode()) - limit} more bytes]"
+            truncated = True
+    duration_ms = round((finished - started) * 1000, 3)
+    record = {"status": status, "started_at": started, "finished_at": finished,
+              "duration_ms": duration_ms, "attempt": attempt}
+    data: dict[str, Any] = {"action_id": action_id, "status": status, "duration_ms": duration_ms}
+    if status == "ok":
+        record["value"] = data["result"] = value
+        if truncated:
+            record["truncated"] = data["truncated"] = True
+        var, event = value, "action_completed"
+    else:
+        record["error"] = data["error"] = error
+        var, event = {"error": error, "status": status}, "action_failed"
+    result = store.finish(job_id, action_id, status, record, var, spec.get("output_key"),
+                          (event, data))
+    if not result.recorded:
+        return "duplicate"
+    if status != "ok":
+        job = store.get_job(job_id) or {}
+        if JobOptions.model_validate_json(job.get("options") or "{}").fail_fast:
+            cancel_job(store, job_id, status="failed",
+                       reason=f"fail_fast: action {action_id!r} ended {status}: {error}")
+            return status
+    if trigger and result.ready:
+        dispatch.send(job_id, result.ready)
+    if result.drained:
+        on_drained(store, job_id)
+    return status

@@ -1,0 +1,204 @@
+"""Context feeds (protocol.md §6): values the runtime computes and shows the model.
+
+A feed is declared in the agent manifest or added at run time (`add_context_feed`); both are
+`FeedSpec`s and behave the same. `on_demand` feeds are computed when a prompt is built;
+`periodic` ones are refreshed every `interval` seconds while the job runs (`feed_updated`).
+Each value is also the variable `$<feed id>`. A source that fails gives `{"error": ...}` and
+a `warning` event; the job goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from cortex_worker.agents.spec import FeedSpec
+from cortex_worker.runtime import get_registry
+from cortex_worker.store import JOB_TERMINAL, Store, dumps, job_keys
+
+CHARS_PER_TOKEN = 4
+SOURCE_TIMEOUT_S = 30.0
+
+
+class FeedError(ValueError):
+    """A feed that cannot be added, changed or computed; the message says why."""
+
+
+def _key(job_id: str) -> str:
+    return f"cx:{{{job_id}}}:feeds"
+
+
+# -- the feeds of a job ---------------------------------------------------------------------
+def job_feeds(store: Store, job_id: str, agent: str | None) -> dict[str, FeedSpec]:
+    """The manifest's feeds with the job's run-time changes applied (removed ones left out)."""
+    feeds: dict[str, FeedSpec] = {}
+    if agent:
+        spec = get_registry().agents.get(agent)
+        feeds = {f.id: f for f in spec.context_feeds} if spec else {}
+    for feed_id, raw in store.redis.hgetall(_key(job_id)).items():
+        data = json.loads(raw)
+        if data.get("removed"):
+            feeds.pop(feed_id, None)
+        else:
+            feeds[feed_id] = FeedSpec.model_validate(data["spec"])
+    return feeds
+
+
+def feed_generation(store: Store, job_id: str, feed_id: str) -> int:
+    raw = store.redis.hget(_key(job_id), feed_id)
+    return int(json.loads(raw).get("gen", 0)) if raw else 0
+
+
+def save_feed(store: Store, job_id: str, spec: FeedSpec | None, feed_id: str) -> int:
+    """Store a run-time feed (None: removed); returns its new generation."""
+    gen = feed_generation(store, job_id, feed_id) + 1
+    value = {"removed": True, "gen": gen} if spec is None else \
+        {"spec": spec.model_dump(mode="json"), "gen": gen}
+    ttl = int(store.redis.hget(job_keys(job_id)[0], "ttl") or 604800)
+    pipe = store.redis.pipeline()
+    pipe.hset(_key(job_id), feed_id, dumps(value))
+    pipe.expire(_key(job_id), ttl)
+    pipe.execute()
+    return gen
+
+
+def parse_feed(data: Any) -> FeedSpec:
+    """A FeedSpec from action parameters, with a message that names the bad field."""
+    try:
+        return FeedSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "feed"
+        raise FeedError(f"invalid context feed: {where}: {first['msg']}") from None
+
+
+# -- values ---------------------------------------------------------------------------------
+def compute(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> Any:
+    """The feed's current value (from the agent-wide cache while fresh); errors become values."""
+    cache = f"cx:feedcache:{agent or 'documents'}:{feed.id}"
+    if feed.cache_ttl:
+        cached = store.redis.get(cache)
+        if cached is not None:
+            return json.loads(cached)
+    try:
+        value = _source(store, job_id, agent, feed)
+    except Exception as exc:  # a failing source must not stop the job
+        store.emit(job_id, [("warning", {"kind": "feed_failed", "feed_id": feed.id,
+                                         "message": f"context feed {feed.id!r} failed: {exc}"})])
+        return {"error": f"context feed {feed.id!r} failed: {exc}"}
+    value = truncate(value, feed.max_tokens)
+    if feed.cache_ttl:
+        store.redis.set(cache, dumps(value), px=int(feed.cache_ttl * 1000))
+    return value
+
+
+def truncate(value: Any, max_tokens: int | None) -> Any:
+    """Cut a value past `max_tokens` (about 4 characters each) to text with a marker."""
+    if not max_tokens:
+        return value
+    text = value if isinstance(value, str) else dumps(value)
+    limit = max_tokens * CHARS_PER_TOKEN
+    if len(text) <= limit:
+        return value
+    return f"{text[:limit]}…[truncated to {max_tokens} tokens]"
+
+
+def _source(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> Any:
+    source = feed.source
+    if source.type == "internal":
+        return _internal(store, job_id, source.name)
+    spec = {"id": f"feed:{feed.id}", "type": source.type, "name": source.name,
+            "parameters": source.params, "agent": agent, "depth": 0}
+    if source.type == "llm":
+        model = get_registry().agent(agent).model if agent else None
+        if model is None:
+            raise FeedError("llm feeds need an agent's model")
+        spec["model"] = model.model_dump(mode="json")
+    if source.type == "workflow":
+        return _run_workflow(store, job_id, source.name, source.params)
+    from cortex_worker import dispatch
+
+    return dispatch.invoke(spec, timeout=SOURCE_TIMEOUT_S, job_id=job_id)
+
+
+def _internal(store: Store, job_id: str, name: str) -> Any:
+    if name == "clock":
+        return datetime.now(UTC).isoformat(timespec="seconds")
+    if name == "job_stats":
+        job = store.get_job(job_id) or {}
+        counts: dict[str, int] = {}
+        for status in store.redis.hvals(job_keys(job_id)[2]):
+            counts[status] = counts.get(status, 0) + 1
+        started = float(job.get("started_at") or job.get("created_at") or time.time())
+        return {"actions": counts, "turn": int(job.get("turn") or 0),
+                "elapsed_s": round(time.time() - started, 3)}
+    if name == "variables":
+        return sorted(store.redis.hkeys(job_keys(job_id)[7]))
+    raise FeedError(f"unknown internal feed source {name!r} (clock, job_stats or variables)")
+
+
+def _run_workflow(store: Store, job_id: str, name: str, inputs: dict[str, Any]) -> Any:
+    from cortex_worker.jobs import JobOptions, submit_workflow
+
+    tenant = (store.get_job(job_id) or {}).get("tenant")
+    child = submit_workflow(store, name, inputs, options=JobOptions(), tenant=tenant)
+    deadline = time.monotonic() + SOURCE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        job = store.get_job(child) or {}
+        if job.get("status") in JOB_TERMINAL:
+            if job["status"] != "completed":
+                raise FeedError(f"workflow {name!r} {job['status']}: {job.get('error')}")
+            result = job.get("result") or ""
+            try:
+                return json.loads(result)
+            except ValueError:
+                return result
+        time.sleep(0.05)
+    raise FeedError(f"workflow {name!r} did not finish within {SOURCE_TIMEOUT_S:g} s")
+
+
+def current_values(store: Store, job_id: str, agent: str | None) -> dict[str, Any]:
+    """Values of the job's enabled feeds for a prompt: on_demand ones computed now, periodic
+    ones as last refreshed. Each is also stored as the variable of the feed's id."""
+    feeds = {i: f for i, f in job_feeds(store, job_id, agent).items() if f.enabled}
+    if not feeds:
+        return {}
+    stored = store.variables(job_id, [i for i, f in feeds.items() if f.type == "periodic"])
+    values = {}
+    for feed_id, feed in feeds.items():
+        if feed.type == "periodic" and feed_id in stored:
+            values[feed_id] = stored[feed_id]
+        else:
+            values[feed_id] = compute(store, job_id, agent, feed)
+    store.set_variables(job_id, values)
+    return values
+
+
+def refresh(store: Store, job_id: str, feed_id: str, generation: int) -> float | None:
+    """One periodic refresh; returns the delay until the next one, or None to stop."""
+    job = store.get_job(job_id)
+    if job is None or job.get("status") in JOB_TERMINAL:
+        return None
+    if feed_generation(store, job_id, feed_id) != generation:
+        return None  # removed or changed since: a newer schedule (if any) took over
+    feed = job_feeds(store, job_id, job.get("agent")).get(feed_id)
+    if feed is None or feed.type != "periodic" or not feed.interval:
+        return None
+    if feed.enabled:
+        value = compute(store, job_id, job.get("agent"), feed)
+        store.set_variables(job_id, {feed_id: value})
+        store.emit(job_id, [("feed_updated", {"feed_id": feed_id, "value": value})])
+    return feed.interval
+
+
+def schedule_periodic(job_id: str, feeds: dict[str, FeedSpec], generations: dict[str, int]) -> None:
+    """Start the refresh loop of each periodic feed."""
+    from cortex_worker import dispatch
+
+    for feed_id, feed in feeds.items():
+        if feed.type == "periodic" and feed.interval:
+            dispatch.refresh_feed(job_id, feed_id, generations.get(feed_id, 0), countdown=0)

@@ -1,0 +1,44 @@
+"""Which model an agent talks to, and how."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class ModelConfig(BaseModel):
+    """An OpenAI-compatible chat endpoint, or a replayed transcript (`provider: replay`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    provider: Literal["openai", "replay"] = "openai"
+    base_url: str = Field(default="https://api.openai.com/v1",
+                          description="`${VAR}` is read from the environment when used")
+    model: str = "gpt-4o-mini"
+    api_key_env: str | None = Field(default="OPENAI_API_KEY",
+                                    description="environment variable holding the API key")
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int | None = Field(default=None, gt=0)
+    timeout_s: float = Field(default=120.0, gt=0, description="per request, between bytes")
+    max_retries: int = Field(default=3, ge=0, le=10)
+    native_tools: bool = Field(default=False,
+                               description="also offer the tools as native function calls")
+    transcript: str | None = Field(default=None, description="replay: a transcript file")
+    tokens_per_second: float = Field(default=50.0, gt=0, description="replay speed")
+
+    def url(self) -> str:
+        """`base_url` with `${VAR}` expanded (an unset variable is an error)."""
+        def expand(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ValueError(f"model base_url needs environment variable {name}, which is not set")
+            return os.environ[name]
+        return _ENV.sub(expand, self.base_url).rstrip("/")
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None

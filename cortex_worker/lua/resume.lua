@@ -1,0 +1,33 @@
+-- Start an agent's next turn: queued|finishing -> running, reopen the plan, take the inbox.
+-- ARGV[3]: the new turn owner (host:pid, '' if unknown), [4]: its lease in seconds, [5]: the
+-- current owner the caller found dead ('' if none).
+-- A turn in progress (running, plan open) is taken over, not begun again, when its owner is
+-- ARGV[5] (a dead process) or its lease has expired: the same turn number and the same inbox
+-- (kept in `turn_inbox`) are returned, so the new owner can generate the turn again.
+-- Returns {turn, restarted (0|1), ids finished before the turn...}, or {0} if no turn is due.
+local owner, lease, dead = ARGV[3] or '', tonumber(ARGV[4] or '30'), ARGV[5] or ''
+local st = redis.call('HGET', K_JOB, 'status')
+if st == 'running' and redis.call('HGET', K_JOB, 'closed') == '0' then
+  local cur = redis.call('HGET', K_JOB, 'turn_owner')
+  if not cur or owner == '' then return {0} end
+  local expiry = tonumber(redis.call('HGET', K_JOB, 'turn_lease') or '0')
+  if not (dead ~= '' and cur == dead) and expiry > tonumber(NOW) then return {0} end
+  redis.call('HSET', K_JOB, 'turn_owner', owner, 'turn_lease', tostring(tonumber(NOW) + lease))
+  local out = {tonumber(redis.call('HGET', K_JOB, 'turn') or '1'), 1}
+  for _, id in ipairs(cjson.decode(redis.call('HGET', K_JOB, 'turn_inbox') or '[]')) do
+    table.insert(out, id)
+  end
+  return out
+end
+if st ~= 'queued' and st ~= 'finishing' then return {0} end
+redis.call('HSET', K_JOB, 'status', 'running', 'closed', '0')
+if st == 'queued' then redis.call('HSET', K_JOB, 'started_at', NOW) end
+local out = {redis.call('HINCRBY', K_JOB, 'turn', 1), 0}
+local ids = redis.call('LRANGE', K_INBOX, 0, -1)
+for _, id in ipairs(ids) do table.insert(out, id) end
+redis.call('DEL', K_INBOX)
+if owner ~= '' then
+  redis.call('HSET', K_JOB, 'turn_owner', owner, 'turn_lease', tostring(tonumber(NOW) + lease),
+             'turn_phase', 'resumed', 'turn_inbox', #ids > 0 and cjson.encode(ids) or '[]')
+end
+return out

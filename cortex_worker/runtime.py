@@ -1,0 +1,21 @@
+"""Process-wide handles: settings, the state store and the manifest registry."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from cortex_worker.manifests import Registry, load_registry
+from cortex_worker.settings import get_settings
+from cortex_worker.store import Store
+
+
+@lru_cache(maxsize=1)
+def get_store() -> Store:
+    """The process's `Store` (one Redis connection pool)."""
+    return Store.from_url(get_settings().redis_url)
+
+
+@lru_cache(maxsize=1)
+def get_registry() -> Registry:
+    """Manifests from `CORTEX_MANIFESTS`, validated once per process."""
+    return load_registry(get_settings().manifests)

@@ -1,0 +1,202 @@
+"""Settings for every Cortex process: `CORTEX_*` environment variables, a `.env` file, or a
+settings file (TOML or YAML) named by `CORTEX_SETTINGS_FILE`.
+
+Precedence, highest first: values passed to `Settings(...)`, the environment, `.env`, the
+settings file, the defaults. The file's keys are the field names without the prefix
+(`redis_url = "redis://..."`); an unknown key in it is an error, not silently ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+    YamlConfigSettingsSource,
+)
+
+#: Environment variable naming the settings file (`.toml`, `.yaml` or `.yml`).
+SETTINGS_FILE_ENV = "CORTEX_SETTINGS_FILE"
+
+
+class Settings(BaseSettings):
+    """One place for every knob; each field is `CORTEX_<NAME>` in the environment."""
+
+    # hide_input_in_errors: a rejected CORTEX_API_KEYS must not print the keys it holds.
+    model_config = SettingsConfigDict(env_prefix="CORTEX_", env_file=".env", extra="ignore",
+                                      hide_input_in_errors=True)
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    broker_url: str | None = Field(default=None, description="Celery broker; defaults to redis_url")
+    manifests: Path = Path("examples/manifests")
+    workspace_root: Path = Path("/tmp/cortex-workspaces")
+
+    event_retention_s: int = Field(default=7 * 24 * 3600, gt=0)
+    max_parallel_actions: int = Field(default=64, gt=0, description="running actions per job")
+    max_actions_per_job: int = Field(default=5000, gt=0)
+    max_output_bytes: int = Field(default=256 * 1024, gt=0, description="stored per action")
+    max_document_bytes: int = Field(default=1024 * 1024, gt=0)
+    default_action_timeout_s: float = Field(default=300.0, gt=0)
+    visibility_timeout_s: int = Field(default=6 * 3600, gt=0)
+    canvas: bool = Field(default=True, description="compile series-parallel plans to canvas")
+
+    http_allow_hosts: list[str] = Field(default_factory=list, description="http_get allow-list")
+    docker_host: str | None = Field(
+        default=None,
+        description="Docker daemon for docker tools (unix:///path.sock); None: DOCKER_HOST or "
+        "the SDK's default",
+    )
+
+    flower_port: int = Field(default=5555, gt=0, lt=65536, description="`cortex up`'s Flower")
+    flower_basic_auth: SecretStr | None = Field(
+        default=None, description="Flower's basic auth, user:password (several: comma-separated)")
+
+    api_keys: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(), description="API keys and their tenants: `tenant:key,tenant:sha256:<hex>` or "
+        "JSON; held only as `tenant:sha256:<hex>` (see docs/security.md)")
+    api_keys_file: Path | None = Field(
+        default=None, description="YAML/JSON list of {tenant, key_sha256} (or {tenant, key})")
+    allow_no_auth: bool = Field(
+        default=False, description="let `cortex api` bind a non-loopback host without API keys")
+    metrics_public: bool = Field(default=False, description="/metrics answers without a key")
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _hash_api_keys(cls, value: Any) -> tuple[str, ...]:
+        return hashed_key_entries(value)
+
+    @field_validator("flower_basic_auth")
+    @classmethod
+    def _user_password(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not all(
+                ":" in pair and pair.split(":", 1)[0] for pair in value.get_secret_value().split(",")):
+            raise ValueError("write user:password (several: comma-separated)")
+        return value
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or self.redis_url
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """init > environment > `.env` > settings file > secrets dir > defaults."""
+        sources = [init_settings, env_settings, dotenv_settings]
+        path = os.environ.get(SETTINGS_FILE_ENV)
+        if path:
+            sources.append(settings_file_source(settings_cls, Path(path)))
+        sources.append(file_secret_settings)
+        return tuple(sources)
+
+
+def settings_file_source(settings_cls: type[BaseSettings], path: Path) -> PydanticBaseSettingsSource:
+    """The TOML or YAML source for `path`; errors name the file (missing, wrong suffix, a key
+    that is no setting)."""
+    if not path.is_file():
+        raise ValueError(f"{SETTINGS_FILE_ENV}={path}: no such file")
+    suffix = path.suffix.lower()
+    source: PydanticBaseSettingsSource
+    if suffix == ".toml":
+        source = TomlConfigSettingsSource(settings_cls, toml_file=path)
+    elif suffix in (".yaml", ".yml"):
+        source = YamlConfigSettingsSource(settings_cls, yaml_file=path)
+    else:
+        raise ValueError(f"{SETTINGS_FILE_ENV}={path}: write a .toml, .yaml or .yml file")
+    unknown = sorted(set(source()) - set(settings_cls.model_fields))
+    if unknown:
+        raise ValueError(f"{path}: unknown setting(s) {', '.join(unknown)}; the keys are the "
+                         f"field names without the CORTEX_ prefix, e.g. redis_url")
+    return source
+
+
+TENANT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+MIN_KEY_LENGTH = 16
+
+
+def hashed_key_entries(value: Any, where: str = "api_keys") -> tuple[str, ...]:
+    """API key entries as `tenant:sha256:<hex>`, plaintext keys hashed on the way in.
+
+    Takes `tenant:key` / `tenant:sha256:<hex>` strings (comma- or newline-separated), JSON of
+    the same, a mapping tenant -> key(s), or a list of those strings and of
+    `{tenant, key}` / `{tenant, key_sha256}` objects. Errors never quote a key."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        text = value.strip()
+        if text[:1] in ("{", "["):
+            try:
+                return hashed_key_entries(json.loads(text), where)
+            except json.JSONDecodeError:
+                raise ValueError(f"{where}: not valid JSON") from None
+        return hashed_key_entries([s for s in re.split(r"[,\s]+", text) if s], where)
+    pairs: list[tuple[Any, Any, bool]] = []  # (tenant, key or hash, is_hash)
+    if isinstance(value, dict):
+        for tenant, keys in value.items():
+            for key in keys if isinstance(keys, list | tuple) else [keys]:
+                hashed = isinstance(key, str) and key.startswith("sha256:")
+                pairs.append((tenant, key[7:] if hashed else key, hashed))
+    elif isinstance(value, list | tuple):
+        for n, item in enumerate(value, 1):
+            if isinstance(item, str):
+                tenant, sep, key = item.partition(":")
+                if not sep:
+                    raise ValueError(f"{where}: entry {n} is not tenant:key or tenant:sha256:<hex>")
+                hashed = key.startswith("sha256:")
+                pairs.append((tenant, key[7:] if hashed else key, hashed))
+            elif isinstance(item, dict) and set(item) in ({"tenant", "key"}, {"tenant", "key_sha256"}):
+                hashed = "key_sha256" in item
+                key = item.get("key_sha256") if hashed else item.get("key")
+                if hashed and isinstance(key, str) and key.startswith("sha256:"):
+                    key = key[7:]
+                pairs.append((item["tenant"], key, hashed))
+            else:
+                raise ValueError(f"{where}: entry {n} is neither tenant:key nor an object with "
+                                 "exactly `tenant` and `key` (or `key_sha256`)")
+    else:
+        raise ValueError(f"{where}: write tenant:key entries, a mapping or a list")
+    out: dict[str, str] = {}  # hash -> tenant
+    for tenant, key, hashed in pairs:
+        if not isinstance(tenant, str) or not TENANT_RE.fullmatch(tenant):
+            raise ValueError(f"{where}: tenant names are 1-64 of A-Z a-z 0-9 _ . - "
+                             f"(got {str(tenant)[:64]!r})")
+        if not isinstance(key, str):
+            raise ValueError(f"{where}: tenant {tenant!r}: the key must be a string")
+        if hashed:
+            digest = key.lower()
+            if not SHA256_RE.fullmatch(digest):
+                raise ValueError(f"{where}: tenant {tenant!r}: a hashed key is 64 hex digits "
+                                 "(`cortex keys hash KEY` prints it)")
+        else:
+            if len(key) < MIN_KEY_LENGTH:
+                raise ValueError(f"{where}: tenant {tenant!r}: a key of {len(key)} characters is "
+                                 f"too short; use at least {MIN_KEY_LENGTH} random ones "
+                                 "(`cortex keys new` makes one)")
+            digest = hashlib.sha256(key.encode()).hexdigest()
+        if out.setdefault(digest, tenant) != tenant:
+            raise ValueError(f"{where}: the same key is given to tenants {out[digest]!r} and "
+                             f"{tenant!r}")
+    return tuple(f"{tenant}:sha256:{digest}" for digest, tenant in out.items())
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (read once)."""
+    return Settings()

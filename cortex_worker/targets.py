@@ -1,0 +1,96 @@
+"""What an action runs, by type: one runner per action type, used by every pool.
+
+A runner takes a `Call` and returns the action's value, or raises `ToolError` (a clean
+failure), `ToolTimeout`, `ModelError`, or `Deferred` (a child job will record the outcome).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.gateway import complete
+from cortex_worker.relics.runner import run_relic_action
+from cortex_worker.runtime import get_registry, get_store
+from cortex_worker.settings import Settings
+from cortex_worker.store import dumps
+from cortex_worker.tools.context import ToolContext, workspace_for
+from cortex_worker.tools.errors import ToolError
+from cortex_worker.tools.runtime import run_tool
+from cortex_worker.workflows.runner import run_workflow_action
+
+
+class Deferred(Exception):
+    """The action goes on elsewhere (a child job); its outcome is recorded when that ends."""
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One run of an action: where it belongs, what it is, and its substituted parameters."""
+
+    job_id: str
+    action_id: str
+    spec: Mapping[str, Any]
+    params: Any
+    timeout: float
+    settings: Settings
+
+
+def run_tool_action(call: Call) -> Any:
+    tool = get_registry().tools.get(call.spec["name"])
+    if tool is None:
+        raise ToolError(f"no tool named {call.spec['name']!r} is registered")
+    ctx = ToolContext(job_id=call.job_id, action_id=call.action_id,
+                      workspace=workspace_for(call.settings, call.job_id), timeout=call.timeout,
+                      settings=call.settings)
+    return run_tool(tool, call.params, ctx, module_paths=[call.settings.manifests])
+
+
+def run_llm_action(call: Call) -> Any:
+    """One completion whose prompt is the task and its parameters."""
+    if not call.spec.get("model"):
+        raise ToolError("llm actions run with an agent's model; this job has none")
+    model = ModelConfig.model_validate(call.spec["model"])
+    params = call.params
+    prompt = params["prompt"] if isinstance(params, dict) and set(params) == {"prompt"} \
+        else dumps(params)
+    text, _ = complete(model, [
+        {"role": "system", "content": f"You perform one task: {call.spec['name']}. "
+                                      "Answer with its result only, without preamble."},
+        {"role": "user", "content": prompt}], base_dir=call.settings.manifests)
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def run_agent_action(call: Call) -> Any:
+    """Start the child agent job; it completes this action when it ends."""
+    from cortex_worker.jobs import submit_agent
+
+    params = call.params
+    text = params["input"] if isinstance(params, dict) and isinstance(params.get("input"), str) \
+        else dumps(params)
+    submit_agent(get_store(), call.spec["name"], text, parent=(call.job_id, call.action_id),
+                 depth=int(call.spec.get("depth") or 0) + 1)
+    raise Deferred
+
+
+def run_internal_action(call: Call) -> Any:
+    """Change the job's own feeds or variables (see `internal.py`)."""
+    from cortex_worker.internal import run_internal_action as run
+
+    return run(call)
+
+
+RUNNERS: dict[str, Callable[[Call], Any]] = {
+    "internal": run_internal_action,
+    "tool": run_tool_action,
+    "llm": run_llm_action,
+    "agent": run_agent_action,
+    "relic": run_relic_action,
+    "workflow": run_workflow_action,
+}

@@ -1,0 +1,63 @@
+"""The Celery tasks. Bodies live in `executor` and `jobs`; these are thin entry points."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.signals import worker_process_init
+
+from cortex_worker import coordinator, dispatch, executor, feeds, jobs
+from cortex_worker.app import app
+from cortex_worker.runtime import get_store
+from cortex_worker.sandbox.process import install_sigterm_handler
+
+
+@worker_process_init.connect
+def _init_process(**_: Any) -> None:
+    # A revoked (terminated) task must take its sandboxed processes with it.
+    install_sigterm_handler()
+
+
+@app.task(name="cortex.start_job", ignore_result=True)
+def start_job(job_id: str) -> None:
+    """Start a document job: log its parse and dispatch its first actions."""
+    jobs.start_document(get_store(), job_id)
+
+
+@app.task(name="cortex.action", ignore_result=True)
+def run_action(job_id: str, action_id: str, spec: dict[str, Any], trigger: bool = True) -> str:
+    """Run one action (readiness dispatch: it sends its ready dependents itself)."""
+    return executor.execute(job_id, action_id, spec, trigger)
+
+
+@app.task(name="cortex.action.canvas")
+def run_canvas_action(job_id: str, action_id: str, spec: dict[str, Any] | None = None,
+                      trigger: bool = False) -> str:
+    """Run one action as a step of a canvas (Celery sends the next steps)."""
+    return executor.execute(job_id, action_id, spec, trigger)
+
+
+@app.task(name="cortex.agent_turn", ignore_result=True)
+def agent_turn(job_id: str) -> None:
+    """Run an agent job's next turn (it returns while the turn's actions run)."""
+    coordinator.run_turns(get_store(), job_id)
+
+
+@app.task(name="cortex.invoke")
+def invoke(job_id: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run one target outside any plan (a context feed's source) and return its value."""
+    return executor.invoke(job_id, spec, timeout)
+
+
+@app.task(name="cortex.feed_refresh", ignore_result=True)
+def feed_refresh(job_id: str, feed_id: str, generation: int) -> None:
+    """Refresh a periodic context feed and schedule the next refresh."""
+    delay = feeds.refresh(get_store(), job_id, feed_id, generation)
+    if delay is not None:
+        dispatch.refresh_feed(job_id, feed_id, generation, countdown=delay)
+
+
+@app.task(name="cortex.deferred_timeout", ignore_result=True)
+def deferred_timeout(job_id: str, action_id: str) -> None:
+    """End a child-job action that outlived its timeout."""
+    executor.expire_deferred(job_id, action_id)

@@ -1,0 +1,47 @@
+"""What a running tool knows about its action: ids, workspace, time budget, settings."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from cortex_worker.settings import Settings
+
+JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """The action a tool runs for; `workspace` is the job's directory, `timeout` in seconds."""
+
+    job_id: str
+    action_id: str
+    workspace: Path
+    timeout: float
+    settings: Settings
+
+    @classmethod
+    def for_job(
+        cls, settings: Settings, job_id: str, action_id: str, timeout: float | None = None
+    ) -> ToolContext:
+        """A context with the job's workspace created and the default timeout if none given."""
+        return cls(
+            job_id=job_id,
+            action_id=action_id,
+            workspace=workspace_for(settings, job_id),
+            timeout=timeout if timeout is not None else settings.default_action_timeout_s,
+            settings=settings,
+        )
+
+
+def workspace_for(settings: Settings, job_id: str) -> Path:
+    """Create (if needed) and return `workspace_root/<job_id>`, resolved."""
+    if not JOB_ID.match(job_id):
+        raise ValueError(
+            f"invalid job id {job_id!r}: use 1-128 letters, digits, '_' or '-' "
+            "(it names the job's workspace directory)"
+        )
+    path = settings.workspace_root.expanduser().resolve() / job_id
+    path.mkdir(parents=True, exist_ok=True)
+    return path

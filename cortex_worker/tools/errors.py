@@ -1,0 +1,16 @@
+"""Errors a tool raises to fail its action cleanly (the message is shown to the agent)."""
+
+from __future__ import annotations
+
+
+class ToolError(Exception):
+    """A clean action failure; `message` says what went wrong, `detail` holds logs (stderr…)."""
+
+    def __init__(self, message: str, *, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+
+class ToolTimeout(ToolError):
+    """The tool ran out of time."""

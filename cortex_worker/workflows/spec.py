@@ -1,0 +1,345 @@
+"""`kind: Workflow` manifests: named steps with dependencies and inputs (docs/workflows.md).
+
+A workflow's steps are protocol actions: `actions()` builds them with `build_action` (every step
+is `async`, so only dependencies order them) and `plan()` plans them with `build_plan`, exactly as
+a document's actions are, with `inputs` as a variable known from the start. Implicit dependencies
+therefore come from `$step` / `${step.path}` references in parameters.
+
+`check_workflow` sees one manifest alone (ids, references, cycles, the inputs schema);
+`link_workflow` runs once every manifest has loaded (the tools, agents and workflows the steps
+name exist; workflows do not call each other in a circle).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import ValidationError as SchemaValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+
+from cortex_worker.llm.config import ModelConfig
+from cortex_worker.plan.dag import Plan, build_plan
+from cortex_worker.protocol.actions import Action, ActionError, build_action, parse_depends_on
+from cortex_worker.protocol.variables import find_references, iter_references
+from cortex_worker.tools.errors import ToolError
+from cortex_worker.tools.spec import NAME, validate_parameters
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from cortex_worker.manifests import Registry
+
+__all__ = [
+    "INPUTS",
+    "WorkflowSpec",
+    "WorkflowStep",
+    "check_workflow",
+    "input_errors",
+    "link_workflow",
+    "prepare_inputs",
+    "workflow_plan",
+]
+
+INPUTS = "inputs"
+"""The variable that holds a run's inputs object (`$inputs.field`)."""
+
+IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$", re.ASCII)
+StepType = Literal["tool", "llm", "agent", "relic", "workflow"]
+
+
+class WorkflowStep(BaseModel):
+    """One step: an action of the workflow (`type` and `name` say what it runs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(description="unique in the workflow; `$id` is the step's value")
+    type: StepType = "tool"
+    name: str = Field(min_length=1, description="the tool, agent, relic, workflow or llm task")
+    parameters: dict[str, Any] = Field(default_factory=dict,
+                                       description="may reference $inputs and other steps")
+    depends_on: list[str] = Field(default_factory=list,
+                                  description="explicit dependencies (references add the rest)")
+    timeout: float | None = Field(default=None, gt=0, description="seconds")
+    retry: int = Field(default=0, ge=0, le=100)
+    on_error: Literal["fail", "continue"] = "fail"
+    output_key: str | None = Field(default=None, description="another name for the value")
+
+    @field_validator("id", "output_key")
+    @classmethod
+    def _identifier(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not IDENT.match(value):
+            raise ValueError(f"{value!r} is not a valid name: use letters, digits and '_', not "
+                             "starting with a digit (it is referenced as $name)")
+        if value == INPUTS:
+            raise ValueError(f"{INPUTS!r} is reserved for the workflow's inputs ($inputs)")
+        return value
+
+    @field_validator("depends_on", mode="before")
+    @classmethod
+    def _depends_on(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return parse_depends_on(value)
+            except ActionError as exc:
+                raise ValueError(exc.message) from None
+        return value
+
+
+class WorkflowSpec(BaseModel):
+    """A named DAG of steps run as one job; `output` is what the job returns."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["Workflow"] = "Workflow"
+    name: str = Field(description="letters, digits, _ . -; at most 64")
+    description: str = ""
+    inputs: dict[str, Any] = Field(default_factory=lambda: {"type": "object"},
+                                   description="JSON Schema of the inputs object")
+    steps: list[WorkflowStep] = Field(min_length=1)
+    output: Any = Field(default=None, description="a $ expression, or an object / template "
+                                                  "with $ references; default: the last step")
+    model: ModelConfig | None = Field(default=None, description="the model of `llm` steps")
+
+    _validator: Draft202012Validator | None = PrivateAttr(default=None)
+    _plan: Plan | None = PrivateAttr(default=None)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not NAME.match(name):
+            raise ValueError(
+                f"{name!r} is not a valid workflow name: start with a letter or '_', then "
+                "letters, digits, '_', '.' or '-' (at most 64 characters)"
+            )
+        return name
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path)
+            raise ValueError(f"not a valid JSON Schema: {exc.message}"
+                             + (f" (at {where})" if where else "")) from None
+        declared = schema.get("type", "object")
+        if declared != "object" and declared != ["object"]:
+            raise ValueError(f"the root must be of type 'object' (inputs are named), "
+                             f"got {declared!r}")
+        return schema
+
+    # -- derived ------------------------------------------------------------------------
+    @property
+    def validator(self) -> Draft202012Validator:
+        if self._validator is None:
+            self._validator = Draft202012Validator(
+                self.inputs, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        return self._validator
+
+    @property
+    def last_step(self) -> str:
+        """The id of the last step declared: its value is the default output."""
+        return self.steps[-1].id
+
+    def actions(self) -> list[Action]:
+        """The steps as protocol actions (all `async`; `line` is the step's position)."""
+        return [step_action(step, index) for index, step in enumerate(self.steps)]
+
+    def plan(self) -> Plan:
+        """The steps' dependency graph, as `build_plan` makes it for a document."""
+        if self._plan is None:
+            self._plan = workflow_plan(self.actions())
+        return self._plan
+
+
+def step_action(step: WorkflowStep, index: int) -> Action:
+    """One step as an `Action` (raises `ActionError` if it cannot be one)."""
+    body = step.model_dump(exclude_none=True)
+    body.update(mode="async", depends_on=list(step.depends_on))
+    action, _ = build_action({}, body, default_id=step.id, line=index + 1, column=1)
+    return action
+
+
+def workflow_plan(actions: list[Action]) -> Plan:
+    """The plan of a workflow's actions: `$inputs` is known from the start."""
+    return build_plan(actions, known=[INPUTS])
+
+
+# -- inputs -----------------------------------------------------------------------------
+def _where(error: SchemaValidationError) -> str:
+    text = INPUTS
+    for part in error.absolute_path:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return text
+
+
+def input_errors(spec: WorkflowSpec, inputs: Any) -> list[tuple[str, str]]:
+    """Every problem of an inputs object as (path, message), e.g. ("inputs.x", "inputs.x: ...")."""
+    if not isinstance(inputs, Mapping):
+        return [(INPUTS, f"{INPUTS}: must be an object, got {type(inputs).__name__}")]
+    errors = sorted(spec.validator.iter_errors(dict(inputs)),
+                    key=lambda e: [str(p) for p in e.absolute_path])
+    return [(_where(e), f"{_where(e)}: {e.message}") for e in errors]
+
+
+def prepare_inputs(spec: WorkflowSpec, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The inputs with the schema's top-level `default`s filled in for absent properties."""
+    out = dict(inputs)
+    for key, prop in (spec.inputs.get("properties") or {}).items():
+        if key not in out and isinstance(prop, Mapping) and "default" in prop:
+            out[key] = prop["default"]
+    return out
+
+
+# -- checks -----------------------------------------------------------------------------
+def _label(index: int, step: WorkflowStep) -> str:
+    return f"steps[{index}] {step.id!r}"
+
+
+def _closed_inputs(spec: WorkflowSpec) -> set[str] | None:
+    """The only input names allowed, when the schema forbids others; else None."""
+    if spec.inputs.get("additionalProperties") is False:
+        return set(spec.inputs.get("properties") or {})
+    return None
+
+
+def _check_references(value: Any, where: str, producers: Mapping[str, str],
+                      allowed_inputs: set[str] | None, steps: str) -> str | None:
+    strings: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            strings.append(item)
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    for text in strings:
+        for ref in iter_references(text):
+            if ref.name == INPUTS:
+                if allowed_inputs is not None and ref.path and ref.path[0] not in allowed_inputs:
+                    known = ", ".join(sorted(allowed_inputs)) or "none"
+                    return (f"{where}: {ref.text} names no input (the inputs schema allows: "
+                            f"{known})")
+                continue
+            if ref.name not in producers:
+                return (f"{where}: {ref.text} names no step (steps: {steps}) and is not "
+                        f"$inputs; write $$ for a literal '$'")
+    return None
+
+
+def check_workflow(spec: WorkflowSpec) -> str | None:
+    """Rules one workflow must follow alone: an error message (field path first) or None."""
+    producers: dict[str, str] = {}  # name -> the step that makes it
+    ids: dict[str, int] = {}
+    for index, step in enumerate(spec.steps):
+        if step.id in ids:
+            return f"steps[{index}].id: {step.id!r} is already the id of steps[{ids[step.id]}]"
+        ids[step.id] = index
+    for step in spec.steps:
+        producers[step.id] = step.id
+    for index, step in enumerate(spec.steps):
+        key = step.output_key
+        if key is not None and key != step.id:
+            if key in producers:
+                return (f"{_label(index, step)}.output_key: {key!r} is already the id or "
+                        f"output_key of step {producers[key]!r}")
+            producers[key] = step.id
+    steps = ", ".join(s.id for s in spec.steps)
+    allowed_inputs = _closed_inputs(spec)
+    for index, step in enumerate(spec.steps):
+        for dep in step.depends_on:
+            if dep not in ids:
+                return f"{_label(index, step)}.depends_on: unknown step {dep!r} (steps: {steps})"
+        problem = _check_references(step.parameters, f"{_label(index, step)}.parameters",
+                                    producers, allowed_inputs, steps)
+        if problem:
+            return problem
+        if step.type == "llm" and spec.model is None:
+            return (f"{_label(index, step)}: llm steps run on the workflow's model; give the "
+                    "workflow a `model`")
+    problem = _check_references(spec.output, "output", producers, allowed_inputs, steps)
+    if problem:
+        return problem
+    try:
+        plan = spec.plan()
+    except ActionError as exc:  # the step model already rules out what build_action rejects
+        return f"steps: {exc.message}"
+    for issue in plan.errors:
+        index = ids.get(issue.action_id or "", 0)
+        return f"{_label(index, spec.steps[index])}: {issue.message}"
+    return None
+
+
+def _workflow_loop(name: str, registry: Registry, start: str) -> list[str] | None:
+    """A chain of workflow steps from `name` back to `start`, if there is one."""
+    stack: list[tuple[str, list[str]]] = [(name, [start, name])]
+    seen: set[str] = set()
+    while stack:
+        current, path = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        spec = registry.workflows.get(current)
+        if spec is None:
+            continue
+        for step in spec.steps:
+            if step.type != "workflow":
+                continue
+            if step.name == start:
+                return [*path, start]
+            stack.append((step.name, [*path, step.name]))
+    return None
+
+
+def link_workflow(spec: WorkflowSpec, registry: Registry, path: Path) -> WorkflowSpec:
+    """Check what the steps name against the registry (every manifest is loaded)."""
+    for index, step in enumerate(spec.steps):
+        label = _label(index, step)
+        literal = not find_references(step.parameters)
+        if step.type == "tool":
+            tool = registry.tools.get(step.name)
+            if tool is None:
+                known = ", ".join(sorted(registry.tools)) or "none"
+                raise ValueError(f"{label}: unknown tool {step.name!r}; declare it with kind: "
+                                 f"Tool (known tools: {known})")
+            if literal:
+                try:
+                    validate_parameters(tool, step.parameters)
+                except ToolError as exc:
+                    raise ValueError(f"{label}: tool {step.name!r}: {exc}") from None
+        elif step.type == "agent":
+            if step.name not in registry.agents:
+                known = ", ".join(sorted(registry.agents)) or "none"
+                raise ValueError(f"{label}: unknown agent {step.name!r}; declare it with kind: "
+                                 f"Agent (known agents: {known})")
+        elif step.type == "workflow":
+            if step.name == spec.name:
+                raise ValueError(f"{label}: a workflow cannot run itself")
+            child = registry.workflows.get(step.name)
+            if child is None:
+                known = ", ".join(sorted(registry.workflows)) or "none"
+                raise ValueError(f"{label}: unknown workflow {step.name!r}; declare it with "
+                                 f"kind: Workflow (known workflows: {known})")
+            loop = _workflow_loop(step.name, registry, spec.name)
+            if loop:
+                raise ValueError(f"{label}: workflows call each other in a circle: "
+                                 + " -> ".join(loop))
+            if literal:
+                problems = input_errors(child, prepare_inputs(child, step.parameters))
+                if problems:
+                    raise ValueError(f"{label}: workflow {step.name!r}: {problems[0][1]}")
+        elif step.type == "relic":
+            from cortex_worker.relics.spec import check_relic_action
+
+            problems = check_relic_action(registry.relics, step.name, step.parameters)
+            if problems:
+                raise ValueError(f"{label}: {problems[0][1]}")
+    return spec
