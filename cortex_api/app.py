@@ -1,0 +1,64 @@
+"""The FastAPI application: `create_app(settings)`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import metadata
+
+from fastapi import Depends, FastAPI
+from fastapi.exceptions import RequestValidationError
+
+from cortex_api.auth import KeyRing, metrics_guard
+from cortex_api.errors import REDIS_ERRORS, invalid_request, redis_unavailable
+from cortex_api.limits import BodyLimitMiddleware, body_limit, invalid_unicode
+from cortex_api.readiness import ReadinessProbe, celery_inspector, required_pools
+from cortex_api.routes import health, jobs, metrics, page, registry, sessions, validate
+from cortex_api.sse import EventHub
+from cortex_worker.settings import Settings, get_settings
+from cortex_worker.store import Store
+
+
+def _version() -> str:
+    try:
+        return metadata.version("cortex")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The Cortex REST API for `settings` (the environment's by default)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = Store.from_url(settings.redis_url)  # sync client, used from threadpool endpoints
+        hub = EventHub.from_url(settings.redis_url)
+        probe = ReadinessProbe(hub.ping, celery_inspector(settings, timeout=1.0),
+                               required_pools(settings))
+        app.state.store, app.state.hub, app.state.readiness = store, hub, probe
+        try:
+            yield
+        finally:
+            probe.close()
+            await hub.aclose()
+            store.redis.close()
+
+    app = FastAPI(title="Cortex", version=_version(), lifespan=lifespan,
+                  description="A distributed runtime for LLM agents: submit protocol documents "
+                              "as jobs, follow their events, cancel them.")
+    app.state.settings = settings
+    app.state.keyring = KeyRing.from_settings(settings)  # sha256 digests only; see auth.py
+    app.add_middleware(BodyLimitMiddleware, max_bytes=body_limit(settings))
+    for error in REDIS_ERRORS:
+        app.add_exception_handler(error, redis_unavailable)
+    app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_exception_handler(UnicodeEncodeError, invalid_unicode)  # "\ud800" in JSON
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    app.include_router(validate.router)
+    app.include_router(registry.router)
+    app.include_router(sessions.router)
+    app.include_router(metrics.router, dependencies=[Depends(metrics_guard)])  # metrics_public
+    app.include_router(page.router)
+    return app

@@ -1,0 +1,355 @@
+"""The `cortex` command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from cortex_worker.protocol.document import Document, load_document
+
+app = typer.Typer(help="Cortex: a distributed runtime for LLM agents.", no_args_is_help=True)
+console = Console()
+
+
+@app.callback()
+def main() -> None:
+    """Cortex: a distributed runtime for LLM agents that think and act at the same time."""
+
+
+def _parse_estimates(values: list[str]) -> dict[str, float]:
+    estimates: dict[str, float] = {}
+    for item in values:
+        ident, sep, seconds = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            estimates[ident.strip()] = float(seconds)
+        except ValueError:
+            raise typer.BadParameter(f"{item!r}: write ID=SECONDS, e.g. fetch=0.5") from None
+    return estimates
+
+
+@app.command()
+def validate(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True,
+                                         help="A protocol document.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the stable JSON report.")] = False,
+    chunk: Annotated[int | None, typer.Option(min=1, help="Feed the parser N characters at a time.")] = None,
+    estimate: Annotated[list[str] | None, typer.Option(
+        help="Expected seconds of an action for the critical path, as ID=SECONDS (repeatable; "
+             "default 1 each).")] = None,
+) -> None:
+    """Parse a document; show its actions, waves and critical path. Exit 1 on errors."""
+    doc = load_document(file.read_text(encoding="utf-8"), chunk=chunk)
+    if as_json:
+        typer.echo(json.dumps(doc.to_json(), indent=2, ensure_ascii=False))
+    else:
+        _print_summary(doc, _parse_estimates(estimate or []))
+    raise typer.Exit(0 if doc.ok else 1)
+
+
+def _print_summary(doc: Document, estimates: dict[str, float]) -> None:
+    plan = doc.plan
+    assert plan is not None
+    table = Table(title=f"{len(plan.nodes)} actions", title_justify="left")
+    for column in ("id", "type", "mode", "name", "waits for", "in thought"):
+        table.add_column(column)
+    for node in plan.nodes.values():
+        a = node.action
+        waits = ", ".join([*node.depends_on, *(f"{s} (sync)" for s in node.after)])
+        table.add_row(a.id, a.type.value, a.mode.value, a.name, waits or "-",
+                      "yes" if a.in_thought else "")
+    console.print(table)
+    for number, wave in enumerate(plan.waves(), 1):
+        console.print(f"wave {number}: {', '.join(wave)}")
+    path, total = plan.critical_path(estimates)
+    if path:
+        console.print(f"critical path: {' → '.join(path)} ({total:g} s estimated)")
+    final = [r for r in doc.responses if r["final"]]
+    console.print(f"responses: {len(doc.responses)} ({len(final)} final), thoughts: "
+                  f"{len(doc.thoughts)}, feeds: {len(doc.feeds)}")
+    for level, items, style in (("error", doc.errors, "red"), ("warning", doc.warnings, "yellow")):
+        for item in items:
+            console.print(f"[{style}]{level}[/] {item['line']}:{item['column']} "
+                          f"{item['kind']}: {item['message']}", highlight=False)
+    if doc.ok:
+        console.print("[green]valid[/]")
+
+
+def _check_manifests() -> None:
+    """Load the manifests once at start-up: a broken one stops the process with its error."""
+    from cortex_worker.manifests import ManifestError
+    from cortex_worker.runtime import get_registry
+
+    try:
+        registry = get_registry()
+    except ManifestError as exc:
+        console.print(f"[red]invalid manifests[/]: {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    console.print(f"manifests: {len(registry.tools)} tools, {len(registry.agents)} agents",
+                  highlight=False)
+
+
+# relic: one worker process keeps one instance of each relic (its threads share them).
+THREADED_POOLS = {"agent": 100, "llm": 50, "relic": 8}
+
+
+@app.command()
+def worker(
+    pool: Annotated[str, typer.Option(help="The pool to serve: agent, tool, llm, relic or docker.")],
+    concurrency: Annotated[int | None, typer.Option(
+        min=1, help="Slots: processes (default: CPUs), or threads for agent (100), llm (50) and relic (8).")] = None,
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+    hostname: Annotated[str | None, typer.Option(help="Worker node name (default pool@host).")] = None,
+) -> None:
+    """Start a worker of one pool; run several, on any machines, to scale it."""
+    from cortex_worker.app import POOLS
+    from cortex_worker.app import app as celery_app
+
+    if pool not in POOLS:
+        raise typer.BadParameter(f"unknown pool {pool!r}; choose one of {', '.join(POOLS)}")
+    _check_manifests()
+    argv = ["worker", "-Q", pool, "-n", hostname or f"{pool}@%h", f"--loglevel={loglevel}",
+            "--without-gossip", "--without-mingle"]
+    # The agent and llm pools wait on models (I/O): threads carry many jobs per process.
+    # Tool pools run code: processes, so a revoked task can be killed with its sandbox.
+    threaded = THREADED_POOLS.get(pool)
+    if threaded:
+        argv.append("--pool=threads")
+    if concurrency or threaded:
+        argv.append(f"--concurrency={concurrency or threaded}")
+    celery_app.worker_main(argv)
+
+
+@app.command()
+def api(
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    insecure_no_auth: Annotated[bool, typer.Option(
+        "--insecure-no-auth", envvar="CORTEX_ALLOW_NO_AUTH",
+        help="Serve a non-loopback host without API keys (only behind something that "
+             "authenticates).")] = False,
+) -> None:
+    """Serve the REST API (jobs, events over SSE, validation, health).
+
+    With no API keys configured it binds only loopback unless --insecure-no-auth."""
+    from pydantic import ValidationError
+
+    from cortex_api.auth import AuthConfigError
+    from cortex_api.server import run
+    from cortex_worker.settings import get_settings
+
+    try:
+        get_settings()
+    except ValidationError as exc:
+        console.print(f"[red]invalid settings[/]: {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    _check_manifests()
+    try:
+        run(host=host, port=port, allow_no_auth=insecure_no_auth)
+    except AuthConfigError as exc:
+        console.print(f"[red]{exc}[/]", highlight=False)
+        raise typer.Exit(2) from None
+
+
+keys_app = typer.Typer(help="API keys: make one, or hash one for CORTEX_API_KEYS(_FILE).",
+                       no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("hash")
+def keys_hash(
+    key: Annotated[str | None, typer.Argument(
+        help="The key; omit it (or write -) to read it from stdin, out of shell history.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Print a whole `tenant:sha256:<hex>` entry.")] = None,
+) -> None:
+    """Print a key's stored form, `sha256:<hex>`: configure that instead of the key."""
+    import sys
+
+    from cortex_api.auth import hash_key
+
+    if key is None or key == "-":
+        key = sys.stdin.readline().strip()
+    if not key:
+        raise typer.BadParameter("no key given")
+    typer.echo(f"{tenant}:{hash_key(key)}" if tenant else hash_key(key))
+
+
+@keys_app.command("new")
+def keys_new(tenant: Annotated[str, typer.Argument(help="The tenant the key belongs to.")]) -> None:
+    """Make a random key: give the key to the client, configure the hashed entry."""
+    import secrets
+
+    from cortex_api.auth import hash_key
+
+    key = secrets.token_urlsafe(32)
+    typer.echo(f"key (give it to the client; it is not stored): {key}")
+    typer.echo(f"entry (CORTEX_API_KEYS): {tenant}:{hash_key(key)}")
+
+
+def _submit_and_follow(url: str, api_key: str | None, body: dict) -> None:
+    import httpx
+
+    from cortex_api.follow import follow_job
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.post(f"{url}/v1/jobs", headers=headers, timeout=30, json=body)
+    except httpx.HTTPError as exc:
+        console.print(f"[red]cannot reach the API at {url}[/]: {exc} (start it with `cortex api`)")
+        raise typer.Exit(2) from None
+    if response.status_code != 202:
+        detail = response.json().get("detail", {})
+        message = detail.get("message", detail) if isinstance(detail, dict) else detail
+        console.print(f"[red]rejected ({response.status_code})[/]: {message}")
+        for error in detail.get("errors", []) if isinstance(detail, dict) else []:
+            console.print(f"  {error['line']}:{error['column']} {error['kind']}: {error['message']}")
+        raise typer.Exit(1)
+    job_id = response.json()["id"]
+    console.print(f"job {job_id}")
+    view = follow_job(url, job_id, console, headers)
+    raise typer.Exit(0 if view.end and view.end["type"] == "job_completed" else 1)
+
+
+URL_OPTION = typer.Option(envvar="CORTEX_API_URL", help="The Cortex API.")
+KEY_OPTION = typer.Option(envvar="CORTEX_API_KEY", help="API key.")
+
+
+@app.command("exec")
+def exec_(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True,
+                                         help="A protocol document to run.")],
+    url: Annotated[str, URL_OPTION] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, KEY_OPTION] = None,
+    fail_fast: Annotated[bool, typer.Option(help="Cancel the job at the first failure.")] = False,
+) -> None:
+    """Submit a document and follow it live: thoughts, actions, and a closing summary."""
+    _submit_and_follow(url, api_key, {"protocol": file.read_text(encoding="utf-8"),
+                                      "options": {"fail_fast": fail_fast}})
+
+
+@app.command()
+def run(
+    message: Annotated[str, typer.Argument(help="The task for the agent.")],
+    agent: Annotated[str, typer.Option(help="The agent to run (see GET /v1/agents).")],
+    url: Annotated[str, URL_OPTION] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, KEY_OPTION] = None,
+) -> None:
+    """Run an agent on a message and stream the job live in the terminal."""
+    _submit_and_follow(url, api_key, {"agent": agent, "input": message})
+
+
+DEMO_QUESTION = ("What limits the speedup of parallel work, according to the notes in "
+                 "examples/docs, and what do their formulas predict for a job that is 95% "
+                 "parallel on 16 workers?")
+
+
+def _redact(url: str) -> str:
+    """`url` without its password."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+@app.command()
+def up(
+    port: Annotated[int, typer.Option(help="API port.")] = 8000,
+    pools: Annotated[str, typer.Option(help="Comma-separated pools to start.")] = "agent,tool,llm,relic",
+    log_dir: Annotated[Path, typer.Option(help="Where each process's log is kept.")] = Path(".cortex/logs"),
+    broker: Annotated[str | None, typer.Option(
+        help="Celery broker for every process (CORTEX_BROKER_URL), e.g. "
+             "amqp://guest:guest@127.0.0.1:5672//; state, events and results stay in Redis.")] = None,
+    flower: Annotated[bool, typer.Option(
+        help="Also run Flower on CORTEX_FLOWER_PORT (basic auth: CORTEX_FLOWER_BASIC_AUTH).")] = True,
+) -> None:
+    """Run the whole stack in the foreground: Redis if none answers, the pools, the API, Flower."""
+    import time
+
+    from cortex_api.stack import Stack, StackError
+    from cortex_worker.settings import get_settings
+
+    colors = ["cyan", "magenta", "green", "yellow", "blue", "red"]
+    names: dict[str, str] = {}
+
+    def echo(name: str, line: str) -> None:
+        color = names.setdefault(name, colors[len(names) % len(colors)])
+        console.print(f"[{color}]{name:>13}[/] | {line}", markup=True, highlight=False, soft_wrap=True)
+
+    stack = Stack(get_settings(), log_dir, echo=echo)
+    try:
+        settings = stack.settings
+        stack.start([p.strip() for p in pools.split(",") if p.strip()], api_port=port,
+                     broker=broker, flower=flower)
+        console.print(f"[green]Cortex is up[/]: API {stack.api_url} (docs at {stack.api_url}/docs); "
+                      "Ctrl-C stops everything")
+        if flower:
+            auth = ("basic auth" if settings.flower_basic_auth is not None
+                    else "no auth: set CORTEX_FLOWER_BASIC_AUTH=user:password to enable its API")
+            console.print(f"Flower {stack.flower_url} ({auth})", highlight=False)
+        if broker:
+            console.print(f"broker: {_redact(broker)}; Redis: {_redact(stack.env['CORTEX_REDIS_URL'])}",
+                          highlight=False)
+        while (dead := stack.failed()) is None:
+            time.sleep(0.5)
+        console.print(f"[red]{dead.name} exited ({dead.popen.returncode})[/]; stopping")
+        raise typer.Exit(1)
+    except StackError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+
+
+@app.command()
+def demo(
+    question: Annotated[str, typer.Argument(help="What to ask the demo agent.")] = DEMO_QUESTION,
+    agent: Annotated[str, typer.Option(help="The agent to run.")] = "demo",
+    log_dir: Annotated[Path, typer.Option(help="Where each process's log is kept.")] = Path(".cortex/demo"),
+) -> None:
+    """Start a private stack, run one agent job live in the terminal, and stop everything."""
+    from cortex_api.follow import follow_job
+    from cortex_api.stack import Stack, StackError, free_port
+    from cortex_worker.settings import get_settings
+
+    stack = Stack(get_settings().model_copy(update={"flower_port": free_port()}), log_dir)
+    try:
+        with console.status("starting Redis, the worker pools, the API and Flower…"):
+            stack.start(flower=True, open_api=True)
+        import httpx
+
+        response = httpx.post(f"{stack.api_url}/v1/jobs", json={"agent": agent, "input": question},
+                              timeout=30)
+        if response.status_code != 202:
+            console.print(f"[red]the demo job was rejected[/]: {response.text}")
+            raise typer.Exit(1)
+        job_id = response.json()["id"]
+        flower_url = getattr(stack, "flower_url", "") or ""  # set when the stack runs Flower
+        console.print(f"[bold]{agent}[/]: {question}\njob {job_id} — page: "
+                      f"{stack.api_url}/jobs/{job_id}  ·  events: "
+                      f"{stack.api_url}/v1/jobs/{job_id}/events"
+                      + (f"  ·  Flower: {flower_url}" if flower_url else ""))
+        view = follow_job(stack.api_url, job_id, console, {})
+        console.print(f"job page: {stack.api_url}/jobs/{job_id}  ·  JSON: "
+                      f"{stack.api_url}/v1/jobs/{job_id}  ·  API docs: {stack.api_url}/docs  "
+                      + (f"·  Flower: {flower_url}  " if flower_url else "") + f"·  logs: {log_dir}")
+        raise typer.Exit(0 if view.end and view.end["type"] == "job_completed" else 1)
+    except StackError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        console.print("interrupted; stopping")
+        raise typer.Exit(130) from None
+    finally:
+        with console.status("stopping everything…"):
+            stack.stop()

@@ -1,0 +1,34 @@
+"""FastAPI dependencies: the process-wide objects the lifespan puts on `app.state`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from cortex_api.readiness import ReadinessProbe
+from cortex_api.sse import EventHub
+from cortex_worker.settings import Settings
+from cortex_worker.store import Store
+
+
+async def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+async def get_store(request: Request) -> Store:
+    return request.app.state.store
+
+
+async def get_hub(request: Request) -> EventHub:
+    return request.app.state.hub
+
+
+async def get_readiness(request: Request) -> ReadinessProbe:
+    return request.app.state.readiness
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StoreDep = Annotated[Store, Depends(get_store)]
+HubDep = Annotated[EventHub, Depends(get_hub)]
+ReadinessDep = Annotated[ReadinessProbe, Depends(get_readiness)]

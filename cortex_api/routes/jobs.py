@@ -1,0 +1,171 @@
+"""Jobs: create from a protocol document, read, list, cancel, and stream their events."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response
+
+from cortex_api.auth import CallerDep, StreamCallerDep
+from cortex_api.deps import HubDep, SettingsDep, StoreDep
+from cortex_api.errors import api_error, job_not_found, responses
+from cortex_api.limits import check_document_size
+from cortex_api.models import (
+    JobCreate,
+    JobCreated,
+    JobLinks,
+    JobList,
+    JobStatus,
+    JobStatusView,
+    JobSummary,
+    JobView,
+)
+from cortex_api.sse import EventStreamResponse, event_stream, resume_point
+from cortex_worker.jobs import (
+    SubmitError,
+    cancel_job,
+    submit_agent,
+    submit_document,
+    submit_workflow,
+)
+from cortex_worker.manifests import UnknownAgentError
+from cortex_worker.store import Store, job_keys
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+SUMMARY_FIELDS = ("id", "status", "created_at", "started_at", "finished_at", "error")
+SCAN_BATCH = 200
+MAX_SCAN = 5000
+
+
+@router.post("", status_code=202, response_model=JobCreated, responses=responses(413, 422))
+def create_job(body: JobCreate, request: Request, response: Response, store: StoreDep,
+               settings: SettingsDep, caller: CallerDep) -> JobCreated:
+    """Queue a job: a protocol document, an agent on an input, or a workflow on its inputs.
+    422 explains a rejection."""
+    if body.agent is not None:
+        try:
+            job_id = submit_agent(store, body.agent, body.input or "", options=body.options,
+                                  tenant=caller.tenant)
+        except UnknownAgentError as exc:
+            raise api_error(422, str(exc)) from None
+    elif body.workflow is not None:
+        try:
+            job_id = submit_workflow(store, body.workflow, body.inputs, options=body.options,
+                                     tenant=caller.tenant)
+        except SubmitError as exc:
+            raise api_error(422, f"the workflow was rejected: {exc.message}",
+                            errors=exc.errors) from None
+    else:
+        assert body.protocol is not None
+        check_document_size(body.protocol, settings)
+        try:
+            job_id = submit_document(store, body.protocol, options=body.options,
+                                     tenant=caller.tenant)
+        except SubmitError as exc:
+            raise api_error(422, _rejection(exc), errors=exc.errors) from None
+    links = _links(request, job_id)
+    response.headers["Location"] = links.self
+    return JobCreated(id=job_id, status=_status(store, job_id) or "queued", links=links)
+
+
+@router.get("", response_model=JobList)
+def list_jobs(
+    store: StoreDep,
+    caller: CallerDep,
+    status: Annotated[JobStatus | None, Query(description="only jobs in this status")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0, description="position in the job index, newest first; "
+                                                    "pass `next_offset` to page")] = 0,
+) -> JobList:
+    """The caller's jobs, newest first; with `status`, only those in it."""
+    items, next_offset = _page(store, status, limit, offset, caller.index)
+    return JobList(items=items, limit=limit, offset=offset, next_offset=next_offset)
+
+
+@router.get("/{job_id}", response_model=JobView, responses=responses(404))
+def get_job(job_id: str, store: StoreDep, caller: CallerDep) -> JobView:
+    """A job, its actions (in document order) and their outcomes."""
+    job = store.get_job(job_id)
+    if job is None or not caller.owns(job.get("tenant")):
+        raise job_not_found(job_id)
+    return JobView.from_store(job, store.actions(job_id))
+
+
+@router.post("/{job_id}/cancel", response_model=JobStatusView, responses=responses(404, 409))
+def cancel(job_id: str, store: StoreDep, caller: CallerDep) -> JobStatusView:
+    """Cancel a job: its queued and running actions are revoked. 409 if it had already ended."""
+    status, tenant = store.redis.hmget(job_keys(job_id)[0], ["status", "tenant"])
+    if status is None or not caller.owns(tenant):
+        raise job_not_found(job_id)
+    if not cancel_job(store, job_id):
+        status = _status(store, job_id) or "unknown"
+        raise api_error(409, f"job {job_id!r} has already ended ({status})", status=status)
+    return JobStatusView(id=job_id, status=_status(store, job_id) or "cancelled")
+
+
+@router.get("/{job_id}/events", status_code=200, response_class=EventStreamResponse,
+            responses={200: {"content": {"text/event-stream": {}},
+                             "description": "`id: <seq>`, `event: <type>`, `data: <event JSON>`"},
+                       **responses(400, 404)})
+async def job_events(
+    job_id: str,
+    hub: HubDep,
+    caller: StreamCallerDep,
+    after: Annotated[int, Query(ge=0, description="send events with seq > after")] = 0,
+    last_event_id: Annotated[str | None, Header(description="resume after this seq")] = None,
+) -> EventStreamResponse:
+    """The job's events as server-sent events: replay, then live; ends after the last one."""
+    try:
+        start = resume_point(last_event_id, after)
+    except ValueError as exc:
+        raise api_error(400, str(exc)) from None
+    status, tenant = await hub.redis.hmget(job_keys(job_id)[0], ["status", "tenant"])
+    if status is None or not caller.owns(tenant):
+        raise job_not_found(job_id)
+    return EventStreamResponse(event_stream(hub, job_id, start))
+
+
+def _status(store: Store, job_id: str) -> str | None:
+    """Just the status (the job hash also holds the whole document)."""
+    return store.redis.hget(job_keys(job_id)[0], "status")
+
+
+def _links(request: Request, job_id: str) -> JobLinks:
+    return JobLinks.for_job(job_id)
+
+
+def _rejection(exc: SubmitError) -> str:
+    errors = exc.errors or []
+    if not errors:
+        return f"the document was rejected: {exc}"
+    first = errors[0]
+    where = f"line {first.get('line')}, column {first.get('column')}: " if "line" in first else ""
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"the document was rejected: {where}{first.get('message', exc)}{more}"
+
+
+def _page(store: Store, status: JobStatus | None, limit: int, offset: int,
+          tenant: str | None = None) -> tuple[list[JobSummary], int | None]:
+    """Walk the job index (`tenant`'s, or the global one) from `offset`; expired jobs are
+    skipped. Returns items, next offset."""
+    items: list[JobSummary] = []
+    position = offset
+    while len(items) < limit and position - offset < MAX_SCAN:
+        batch = limit - len(items) if status is None else SCAN_BATCH
+        ids = store.list_jobs(limit=batch, offset=position, tenant=tenant)
+        if not ids:
+            return items, None
+        pipe = store.redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hmget(job_keys(job_id)[0], SUMMARY_FIELDS)
+        for job_id, values in zip(ids, pipe.execute(), strict=True):
+            position += 1
+            job = {k: v for k, v in zip(SUMMARY_FIELDS, values, strict=True) if v is not None}
+            if not job or (status is not None and job.get("status") != status.value):
+                continue
+            items.append(JobSummary.from_store({**job, "id": job_id}))
+            if len(items) == limit:
+                break
+    more = bool(store.list_jobs(limit=1, offset=position, tenant=tenant))
+    return items, position if more else None

@@ -1,0 +1,260 @@
+"""The registry: the agents and tools the manifests declare (built-in tools included)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, Field
+
+from cortex_api.auth import require_key
+from cortex_api.errors import api_error, responses
+from cortex_worker.agents.spec import INTERNAL_ACTIONS, AgentSpec
+from cortex_worker.manifests import Registry
+from cortex_worker.plan.canvas import decompose
+from cortex_worker.relics.spec import RelicSpec
+from cortex_worker.runtime import get_registry
+from cortex_worker.tools.spec import Runtime, ToolSpec
+from cortex_worker.workflows.spec import WorkflowSpec
+
+router = APIRouter(prefix="/v1", tags=["registry"], dependencies=[require_key])
+
+
+def registry_dep() -> Registry:
+    """The process's registry (tests override this dependency)."""
+    return get_registry()
+
+
+RegistryDep = Annotated[Registry, Depends(registry_dep)]
+
+
+# -- response models ----------------------------------------------------------------------
+class ModelView(BaseModel):
+    """An agent's model endpoint: `base_url` as written (`${VAR}` unexpanded), never a key."""
+
+    provider: str
+    model: str
+    base_url: str
+    native_tools: bool = False
+    transcript: str | None = Field(default=None, description="replay: the transcript file")
+
+
+class AgentView(BaseModel):
+    """An agent as listed."""
+
+    name: str
+    description: str
+    model: ModelView
+    tools: list[str]
+    agents: list[str]
+    max_turns: int
+
+
+class AgentDetail(AgentView):
+    """One agent: what it lists, plus its limits, feeds and permitted internal actions."""
+
+    relics: list[str]
+    workflows: list[str]
+    context_feeds: list[str] = Field(description="ids of the declared context feeds")
+    internal_actions: list[str] = Field(description="internal actions the model may call")
+    max_wall_time_s: float
+    max_actions: int
+    max_depth: int
+
+
+class AgentList(BaseModel):
+    """Every agent, sorted by name."""
+
+    items: list[AgentView]
+
+
+class ToolView(BaseModel):
+    """A tool as listed: what it takes (a JSON Schema) and where it runs."""
+
+    name: str
+    description: str
+    runtime: Runtime
+    parameters: dict[str, Any]
+
+
+class ToolDetail(ToolView):
+    """One tool, with what it returns (documentation only) and its timeout."""
+
+    returns: dict[str, Any] | None = None
+    timeout: float | None = Field(default=None, description="seconds")
+
+
+class ToolList(BaseModel):
+    """Every tool, sorted by name (built-ins included)."""
+
+    items: list[ToolView]
+
+
+def _agent_fields(spec: AgentSpec) -> dict[str, Any]:
+    config = spec.model
+    model = ModelView(provider=config.provider, model=config.model, base_url=config.base_url,
+                      native_tools=config.native_tools, transcript=config.transcript)
+    return {"name": spec.name, "description": spec.description, "model": model,
+            "tools": list(spec.tools), "agents": list(spec.agents), "max_turns": spec.max_turns}
+
+
+def _tool_fields(spec: ToolSpec) -> dict[str, Any]:
+    return {"name": spec.name, "description": spec.description, "runtime": spec.runtime,
+            "parameters": spec.parameters}
+
+
+# -- routes -------------------------------------------------------------------------------
+@router.get("/agents", response_model=AgentList)
+def list_agents(registry: RegistryDep) -> AgentList:
+    """The agents of the manifests, sorted by name."""
+    return AgentList(items=[AgentView(**_agent_fields(registry.agents[name]))
+                            for name in sorted(registry.agents)])
+
+
+@router.get("/agents/{name}", response_model=AgentDetail, responses=responses(404))
+def get_agent(name: str, registry: RegistryDep) -> AgentDetail:
+    """One agent; 404 if no manifest declares it."""
+    spec = registry.agents.get(name)
+    if spec is None:
+        raise api_error(404, f"agent {name!r} not found", known=sorted(registry.agents))
+    policy = spec.internal_actions
+    return AgentDetail(
+        **_agent_fields(spec),
+        relics=list(spec.relics),
+        workflows=list(spec.workflows),
+        context_feeds=[feed.id for feed in spec.context_feeds],
+        internal_actions=[action for action in INTERNAL_ACTIONS if policy.permits(action)],
+        max_wall_time_s=spec.max_wall_time_s,
+        max_actions=spec.max_actions,
+        max_depth=spec.max_depth,
+    )
+
+
+@router.get("/tools", response_model=ToolList)
+def list_tools(registry: RegistryDep) -> ToolList:
+    """The tools (built-in and from the manifests), sorted by name."""
+    return ToolList(items=[ToolView(**_tool_fields(registry.tools[name]))
+                           for name in sorted(registry.tools)])
+
+
+@router.get("/tools/{name}", response_model=ToolDetail, responses=responses(404))
+def get_tool(name: str, registry: RegistryDep) -> ToolDetail:
+    """One tool; 404 if it is neither built in nor declared."""
+    spec = registry.tools.get(name)
+    if spec is None:
+        raise api_error(404, f"tool {name!r} not found", known=sorted(registry.tools))
+    return ToolDetail(**_tool_fields(spec), returns=spec.returns, timeout=spec.timeout)
+
+
+# -- relics -------------------------------------------------------------------------------
+class OperationView(BaseModel):
+    """One operation of a relic: what it takes (a JSON Schema); method and path for http."""
+
+    description: str
+    method: str | None = Field(default=None, description="http relics only")
+    path: str | None = Field(default=None, description="http relics only")
+    parameters: dict[str, Any]
+
+
+class RelicView(BaseModel):
+    """A relic: a long-lived service with named operations (built-in or http)."""
+
+    name: str
+    description: str
+    runtime: str
+    builtin: bool
+    idle_timeout_s: float
+    operations: dict[str, OperationView]
+
+
+class RelicList(BaseModel):
+    """Every relic, sorted by name (built-ins included)."""
+
+    items: list[RelicView]
+
+
+def _relic_view(spec: RelicSpec) -> RelicView:
+    http = spec.runtime == "http"
+    return RelicView(
+        name=spec.name, description=spec.description, runtime=spec.runtime,
+        builtin=not http, idle_timeout_s=spec.idle_timeout_s,
+        operations={name: OperationView(description=op.description,
+                                        method=op.method if http else None,
+                                        path=op.path if http else None,
+                                        parameters=op.parameters)
+                    for name, op in sorted(spec.operations.items())})
+
+
+@router.get("/relics", response_model=RelicList)
+def list_relics(registry: RegistryDep) -> RelicList:
+    """The relics (built-in and from the manifests), sorted by name."""
+    return RelicList(items=[_relic_view(registry.relics[name]) for name in sorted(registry.relics)])
+
+
+@router.get("/relics/{name}", response_model=RelicView, responses=responses(404))
+def get_relic(name: str, registry: RegistryDep) -> RelicView:
+    """One relic; 404 if it is neither built in nor declared."""
+    spec = registry.relics.get(name)
+    if spec is None:
+        raise api_error(404, f"relic {name!r} not found", known=sorted(registry.relics))
+    return _relic_view(spec)
+
+
+# -- workflows ----------------------------------------------------------------------------
+class WorkflowStepView(BaseModel):
+    """One step: what it runs and what it waits for (explicit and `$reference` dependencies)."""
+
+    id: str
+    type: str
+    name: str
+    depends_on: list[str]
+    output_key: str | None = None
+
+
+class WorkflowView(BaseModel):
+    """A workflow: its inputs (a JSON Schema), its steps, and its output expression."""
+
+    name: str
+    description: str
+    inputs: dict[str, Any]
+    steps: list[WorkflowStepView]
+    output: Any = Field(default=None, description="null: the last step's value")
+
+
+class WorkflowDetail(WorkflowView):
+    """One workflow, with its plan: waves and canvas shape (null: not series-parallel)."""
+
+    waves: list[list[str]]
+    canvas: Any = None
+
+
+class WorkflowList(BaseModel):
+    """Every workflow, sorted by name."""
+
+    items: list[WorkflowView]
+
+
+def _workflow_fields(spec: WorkflowSpec) -> dict[str, Any]:
+    plan = spec.plan()
+    steps = [WorkflowStepView(id=s.id, type=s.type, name=s.name, output_key=s.output_key,
+                              depends_on=list(plan.nodes[s.id].depends_on)) for s in spec.steps]
+    return {"name": spec.name, "description": spec.description, "inputs": spec.inputs,
+            "steps": steps, "output": spec.output}
+
+
+@router.get("/workflows", response_model=WorkflowList)
+def list_workflows(registry: RegistryDep) -> WorkflowList:
+    """The workflows of the manifests, sorted by name."""
+    return WorkflowList(items=[WorkflowView(**_workflow_fields(registry.workflows[name]))
+                               for name in sorted(registry.workflows)])
+
+
+@router.get("/workflows/{name}", response_model=WorkflowDetail, responses=responses(404))
+def get_workflow(name: str, registry: RegistryDep) -> WorkflowDetail:
+    """One workflow; 404 if no manifest declares it."""
+    spec = registry.workflows.get(name)
+    if spec is None:
+        raise api_error(404, f"workflow {name!r} not found", known=sorted(registry.workflows))
+    step = decompose(spec.plan())
+    return WorkflowDetail(**_workflow_fields(spec), waves=spec.plan().waves(),
+                          canvas=step.shape() if step is not None else None)

@@ -1,0 +1,397 @@
+"""Server-sent events of a job's log: one shared pub/sub connection, replay, dedupe, resume.
+
+`EventHub` holds ONE async pub/sub connection for the whole process: it SUBSCRIBEs to a job's
+channel when the first client of that job arrives and UNSUBSCRIBEs when the last one leaves,
+fanning each event out to per-client bounded queues. Replays read the job's stream (XRANGE)
+through a small shared connection pool. `event_stream` is one client's stream: subscribe first,
+replay after the resume point, then live events, never one twice and never with a hole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import anyio
+import redis.asyncio as aioredis
+from starlette.responses import StreamingResponse
+from starlette.types import Message, Send
+
+from cortex_worker.store import JOB_TERMINAL, channel, dumps, job_keys
+
+log = logging.getLogger("cortex.api.sse")
+
+TERMINAL_EVENTS = frozenset({"job_completed", "job_failed", "job_cancelled"})
+HEARTBEAT_S = 15.0
+PAGE_SIZE = 500
+QUEUE_SIZE = 1000
+SEND_TIMEOUT_S = 30.0
+
+Event = dict[str, Any]
+
+
+# -- wire format (pure) -------------------------------------------------------------------
+def sse_message(data: str, *, event: str | None = None, id: int | str | None = None) -> str:
+    """One SSE message; a multi-line `data` becomes several `data:` lines."""
+    lines = [] if id is None else [f"id: {id}"]
+    if event:
+        lines.append(f"event: {event}")
+    lines += [f"data: {line}" for line in (data.splitlines() or [""])]
+    return "\n".join(lines) + "\n\n"
+
+
+def format_event(event: Event) -> str:
+    """`id: <seq>`, `event: <type>`, `data: <event JSON>`."""
+    return sse_message(dumps(event), event=str(event["type"]), id=int(event["seq"]))
+
+
+def sse_comment(text: str) -> str:
+    """A comment line: ignored by clients, keeps proxies from closing an idle stream."""
+    return "".join(f": {line}\n" for line in (text.splitlines() or [""])) + "\n"
+
+
+def is_terminal(event: Event) -> bool:
+    """Whether this is a job's last event."""
+    return event.get("type") in TERMINAL_EVENTS
+
+
+def resume_point(last_event_id: str | None, after: int = 0) -> int:
+    """Where a client resumes: `Last-Event-ID` if sent, else `?after=`."""
+    if last_event_id is None or not last_event_id.strip():
+        return after
+    try:
+        seq = int(last_event_id.strip())
+    except ValueError:
+        seq = -1
+    if seq < 0:
+        raise ValueError(f"Last-Event-ID must be an event seq (an integer >= 0), "
+                         f"not {last_event_id!r}")
+    return seq
+
+
+@dataclass(slots=True)
+class Cursor:
+    """The last seq sent to one client; decides what a new event means for it."""
+
+    last: int = 0
+
+    def classify(self, seq: int) -> Literal["old", "next", "gap"]:
+        """`old`: already sent; `next`: send it; `gap`: events between are missing."""
+        if seq <= self.last:
+            return "old"
+        return "next" if seq == self.last + 1 else "gap"
+
+    def admit(self, event: Event) -> bool:
+        """Advance past `event` if it is new; False for a duplicate."""
+        seq = int(event["seq"])
+        if seq <= self.last:
+            return False
+        self.last = seq
+        return True
+
+
+# -- fan-out (in memory) ------------------------------------------------------------------
+class Listener:
+    """One client's inbox: live events, or None meaning "catch up from the log"."""
+
+    def __init__(self, maxsize: int = QUEUE_SIZE) -> None:
+        self.queue: asyncio.Queue[Event | None] = asyncio.Queue(maxsize)
+        self.overflowed = False
+
+    def offer(self, item: Event | None) -> bool:
+        """Queue `item`; a full queue marks the client as too slow (it will be disconnected)."""
+        if self.overflowed:
+            return False
+        try:
+            self.queue.put_nowait(item)
+        except asyncio.QueueFull:
+            self.overflowed = True
+            return False
+        return True
+
+    async def get(self) -> Event | None:
+        return await self.queue.get()
+
+
+class Fanout:
+    """Listeners per channel. `add`/`remove` say when a channel gains its first / loses its last."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[str, set[Listener]] = {}
+
+    def add(self, name: str, listener: Listener) -> bool:
+        """Register `listener`; True if the channel had no entry (subscribe now)."""
+        first = name not in self._listeners
+        self._listeners.setdefault(name, set()).add(listener)
+        return first
+
+    def remove(self, name: str, listener: Listener) -> bool:
+        """Unregister `listener`; True if the channel is now unused (unsubscribe now)."""
+        listeners = self._listeners.get(name)
+        if listeners is None:
+            return False
+        listeners.discard(listener)
+        if listeners:
+            return False
+        del self._listeners[name]
+        return True
+
+    def publish(self, name: str, event: Event) -> int:
+        """Offer `event` to the channel's listeners; overflowed ones are dropped. Returns deliveries."""
+        listeners = self._listeners.get(name)
+        if not listeners:
+            return 0
+        delivered = 0
+        for listener in list(listeners):
+            if listener.offer(event):
+                delivered += 1
+            else:  # too slow: it gets nothing more; its stream ends when it next runs
+                listeners.discard(listener)
+        return delivered
+
+    def resync(self) -> None:
+        """Tell every listener to catch up from the log (live messages may have been lost)."""
+        for listeners in self._listeners.values():
+            for listener in list(listeners):
+                if not listener.offer(None):
+                    listeners.discard(listener)
+
+    def channels(self) -> list[str]:
+        return list(self._listeners)
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._listeners.values())
+
+
+# -- one client's stream ------------------------------------------------------------------
+class EventSource(Protocol):
+    """What a stream needs: live events of a job, pages of its log, and its status."""
+
+    def listen(self, job_id: str) -> AbstractAsyncContextManager[Listener]: ...
+
+    async def read(self, job_id: str, after: int, count: int) -> list[Event]: ...
+
+    async def status(self, job_id: str) -> str | None: ...
+
+
+async def catch_up(source: EventSource, job_id: str, cursor: Cursor,
+                   page: int = PAGE_SIZE) -> AsyncIterator[Event]:
+    """Events of the log after `cursor`, page by page, advancing it."""
+    while True:
+        events = await source.read(job_id, cursor.last, page)
+        before = cursor.last
+        for event in events:
+            if cursor.admit(event):
+                yield event
+        if len(events) < page or cursor.last == before:
+            return
+
+
+async def event_stream(source: EventSource, job_id: str, after: int = 0, *,
+                       heartbeat_s: float = HEARTBEAT_S, page: int = PAGE_SIZE) -> AsyncIterator[str]:
+    """SSE text of a job's events after seq `after`; ends after the job's last event."""
+    cursor = Cursor(after)
+    async with source.listen(job_id) as listener:  # subscribed before the replay reads the log
+        async for event in catch_up(source, job_id, cursor, page):
+            yield format_event(event)
+            if is_terminal(event):
+                return
+        if await _ended(source, job_id):
+            async for event in catch_up(source, job_id, cursor, page):
+                yield format_event(event)
+            return
+        while True:
+            if listener.overflowed:
+                yield sse_comment("too slow: disconnected; reconnect with Last-Event-ID")
+                return
+            try:
+                item = await asyncio.wait_for(listener.get(), heartbeat_s)
+                idle = False
+            except TimeoutError:
+                item, idle = None, True
+            if item is not None and cursor.classify(int(item["seq"])) != "gap":
+                if cursor.admit(item):
+                    yield format_event(item)
+                    if is_terminal(item):
+                        return
+                continue
+            # a hole before a live event, a lost connection, or a quiet spell: read the log
+            async for event in catch_up(source, job_id, cursor, page):
+                yield format_event(event)
+                if is_terminal(event):
+                    return
+            if item is not None and cursor.admit(item):  # not in the log (trimmed): send it
+                yield format_event(item)
+                if is_terminal(item):
+                    return
+            if idle:
+                if await _ended(source, job_id):
+                    async for event in catch_up(source, job_id, cursor, page):
+                        yield format_event(event)
+                    return
+                yield sse_comment("keep-alive")
+
+
+async def _ended(source: EventSource, job_id: str) -> bool:
+    status = await source.status(job_id)
+    return status is None or status in JOB_TERMINAL
+
+
+class EventStreamResponse(StreamingResponse):
+    """`text/event-stream`; a client that cannot take a message within `send_timeout` is dropped."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[str], *, send_timeout: float = SEND_TIMEOUT_S) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.send_timeout = send_timeout
+
+    async def stream_response(self, send: Send) -> None:
+        async def timed_send(message: Message) -> None:
+            with anyio.fail_after(self.send_timeout):
+                await send(message)
+
+        try:
+            await super().stream_response(timed_send)
+        except TimeoutError:
+            log.info("dropping an SSE client that stopped reading for %ss", self.send_timeout)
+        finally:  # end the generator now, so its listener leaves the hub at once
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+
+
+# -- the hub ------------------------------------------------------------------------------
+class EventHub:
+    """One pub/sub connection for every SSE client, and a small pool for replays."""
+
+    def __init__(self, client: aioredis.Redis, pubsub_client: aioredis.Redis, *,
+                 queue_size: int = QUEUE_SIZE, subscribe_timeout: float = 2.0,
+                 poll_s: float = 5.0) -> None:
+        self.redis = client
+        self._pubsub_client = pubsub_client
+        self._pubsub = pubsub_client.pubsub()
+        self._fanout = Fanout()
+        self._confirmed: dict[str, asyncio.Event] = {}
+        self._lock = asyncio.Lock()
+        self._reader: asyncio.Task[None] | None = None
+        self.queue_size = queue_size
+        self.subscribe_timeout = subscribe_timeout
+        self.poll_s = poll_s
+
+    @classmethod
+    def from_url(cls, url: str, *, max_connections: int = 4, **kwargs: Any) -> EventHub:
+        """A hub on `url`: replays share at most `max_connections` connections."""
+        common: dict[str, Any] = {"decode_responses": True, "socket_connect_timeout": 5,
+                                  "health_check_interval": 30}
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=10, **common)
+        return cls(aioredis.Redis(connection_pool=pool), aioredis.Redis.from_url(url, **common),
+                   **kwargs)
+
+    # -- EventSource --------------------------------------------------------------------
+    @asynccontextmanager
+    async def listen(self, job_id: str) -> AsyncIterator[Listener]:
+        """Receive a job's live events while inside; subscribed (and confirmed) on entry."""
+        name = channel(job_id)
+        listener = Listener(self.queue_size)
+        async with self._lock:
+            if self._fanout.add(name, listener):
+                self._confirmed[name] = asyncio.Event()
+                try:
+                    await self._pubsub.subscribe(name)
+                except BaseException:
+                    self._fanout.remove(name, listener)
+                    self._confirmed.pop(name, None)
+                    raise
+                self._start_reader()
+            confirmed = self._confirmed[name]
+        try:
+            with contextlib.suppress(TimeoutError):  # if late, gap checks and idle catch-ups cover it
+                await asyncio.wait_for(confirmed.wait(), self.subscribe_timeout)
+            yield listener
+        finally:
+            with anyio.CancelScope(shield=True):  # the client's task is being cancelled
+                await self._leave(name, listener)
+
+    async def read(self, job_id: str, after: int, count: int) -> list[Event]:
+        """Up to `count` events with seq > `after` (XRANGE on the job's stream)."""
+        entries = await self.redis.xrange(job_keys(job_id)[11], min=f"{after + 1}-0", count=count)
+        return [json.loads(fields["e"]) for _, fields in entries]
+
+    async def status(self, job_id: str) -> str | None:
+        """The job's status, None if there is no such job."""
+        return await self.redis.hget(job_keys(job_id)[0], "status")
+
+    # -- housekeeping -------------------------------------------------------------------
+    async def ping(self) -> bool:
+        return bool(await self.redis.ping())
+
+    def stats(self) -> dict[str, int]:
+        return {"channels": len(self._fanout.channels()), "listeners": len(self._fanout)}
+
+    async def aclose(self) -> None:
+        """Stop the reader and close every connection."""
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+        with contextlib.suppress(Exception):
+            await self._pubsub.aclose()
+        with contextlib.suppress(Exception):
+            await self._pubsub_client.aclose()
+        await self.redis.aclose()
+        await self.redis.connection_pool.disconnect()
+
+    async def _leave(self, name: str, listener: Listener) -> None:
+        async with self._lock:
+            if not self._fanout.remove(name, listener):
+                return
+            self._confirmed.pop(name, None)
+            try:
+                await self._pubsub.unsubscribe(name)
+            except Exception as exc:  # the reconnect would resubscribe it; harmless either way
+                log.warning("unsubscribe %s failed: %s", name, exc)
+
+    def _start_reader(self) -> None:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(self._read_loop(),
+                                                                  name="cortex-sse-hub")
+
+    async def _read_loop(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                message = await self._pubsub.get_message(timeout=self.poll_s)
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("event hub: pub/sub read failed (%s); clients catch up from the log", exc)
+                self._fanout.resync()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            if message:
+                self._on_message(message)
+
+    def _on_message(self, message: dict[str, Any]) -> None:
+        kind, name = message.get("type"), message.get("channel")
+        if kind == "message" and isinstance(name, str):
+            try:
+                event = json.loads(message["data"])
+            except (TypeError, ValueError):
+                log.warning("event hub: not JSON on %s: %.200r", name, message.get("data"))
+                return
+            self._fanout.publish(name, event)
+        elif kind == "subscribe" and isinstance(name, str):
+            confirmed = self._confirmed.get(name)
+            if confirmed is not None:
+                confirmed.set()
