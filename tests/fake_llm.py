@@ -1,0 +1,359 @@
+"""A real OpenAI-compatible chat-completions server for tests, on a free loopback port.
+
+    with FakeLLM() as llm:
+        llm.script("m", [Turn(text="<thought>hi</thought>"), Turn(fail_status=500)])
+        config = ModelConfig(base_url=llm.url, model="m", api_key_env=None)
+        ...
+        llm.requests("m")      # the JSON bodies received, in order, each with `received_at`
+        llm.stream_log("m")    # per request: [(monotonic time, text chars sent so far), ...]
+        llm.outcomes("m")      # per request: "complete", "client_disconnected", "dropped", ...
+
+Each request for a model pops that model's next `Turn`; a request with none left gets a 400
+naming the model. Streaming requests (`"stream": true`) get `chat.completion.chunk` server-sent
+events written one chunk at a time (HTTP/1.1 chunked encoding, `Connection: close`), paced at
+`tokens_per_second` with one chunk = one token of `chunk_chars` characters; tool calls are sent
+as OpenAI-style fragments (id and name first, then the arguments in pieces). Non-streaming
+requests get a plain `chat.completion`. The server runs in a background thread
+(`http.server.ThreadingHTTPServer`, no extra dependencies); workers reach it over HTTP, so
+it serves other processes too. Times are `time.monotonic()`, comparable within this machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["FakeLLM", "Turn"]
+
+
+@dataclass
+class Turn:
+    """One scripted answer.
+
+    `text`: the content streamed; `tokens_per_second`/`chunk_chars`: pacing (each chunk is one
+    token of `chunk_chars` characters); `tool_calls`: `{"id", "name", "arguments"}` with
+    arguments a dict or raw text (sent verbatim, may be invalid JSON); `fail_status`: answer
+    with this HTTP status and `{"error": {"message": ...}}` instead; `fail_after_chars`: stream
+    that many characters of text, then drop the connection without ending the body;
+    `usage`: send a usage chunk when the request asks for it; `headers`: extra response headers
+    (e.g. `{"Retry-After": "1"}`); `delay_s`: wait this long before answering at all (to
+    trigger client timeouts); `error_message`: the message of a `fail_status` answer.
+    """
+
+    text: str = ""
+    tokens_per_second: float = 200
+    chunk_chars: int = 4
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    fail_status: int | None = None
+    fail_after_chars: int | None = None
+    usage: bool = True
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+    error_message: str | None = None
+
+
+class _Dropped(Exception):
+    """The scripted connection drop."""
+
+
+class FakeLLM:
+    """The server; a context manager. `url` is the base URL, ending in `/v1`."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self._host = host
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._turns: dict[str, list[Turn]] = {}
+        self._requests: dict[str, list[dict[str, Any]]] = {}
+        self._headers: dict[str, list[dict[str, str]]] = {}
+        self._logs: dict[str, list[list[tuple[float, int]]]] = {}
+        self._outcomes: dict[str, list[str]] = {}
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> FakeLLM:
+        """Bind a free port and serve in a daemon thread."""
+        handler = type("Handler", (_Handler,), {"fake": self})
+        server = ThreadingHTTPServer((self._host, 0), handler)
+        server.daemon_threads = True
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="fake-llm",
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving; handlers still streaming stop at their next chunk."""
+        self._closing.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> FakeLLM:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("FakeLLM is not started; use it as a context manager")
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    # -- scripting and inspection -------------------------------------------------------------
+    def script(self, model: str, turns: list[Turn]) -> None:
+        """Append turns for `model`; each request pops the next one."""
+        with self._lock:
+            self._turns.setdefault(model, []).extend(turns)
+
+    def remaining(self, model: str) -> int:
+        """How many scripted turns of `model` are not yet used."""
+        with self._lock:
+            return len(self._turns.get(model, []))
+
+    def requests(self, model: str) -> list[dict[str, Any]]:
+        """The JSON bodies received for `model`, in order, each with a `received_at` time."""
+        with self._lock:
+            return [dict(r) for r in self._requests.get(model, [])]
+
+    def request_headers(self, model: str) -> list[dict[str, str]]:
+        """The headers of each request for `model` (lower-case names)."""
+        with self._lock:
+            return [dict(h) for h in self._headers.get(model, [])]
+
+    def stream_log(self, model: str) -> list[list[tuple[float, int]]]:
+        """Per request: (time, text characters sent so far) after each text chunk was written."""
+        with self._lock:
+            return [list(log) for log in self._logs.get(model, [])]
+
+    def outcomes(self, model: str) -> list[str]:
+        """Per request: `complete`, `failed` (fail_status), `dropped` (fail_after_chars),
+        `client_disconnected`, `no_turn`, or `streaming` while still in progress."""
+        with self._lock:
+            return list(self._outcomes.get(model, []))
+
+    # -- used by the handler --------------------------------------------------------------------
+    def _record(self, model: str, body: dict[str, Any], headers: dict[str, str]
+                ) -> tuple[int, Turn | None]:
+        with self._lock:
+            requests = self._requests.setdefault(model, [])
+            requests.append({**body, "received_at": time.monotonic()})
+            self._headers.setdefault(model, []).append(headers)
+            self._logs.setdefault(model, []).append([])
+            self._outcomes.setdefault(model, []).append("streaming")
+            turns = self._turns.get(model)
+            return len(requests) - 1, (turns.pop(0) if turns else None)
+
+    def _log(self, model: str, index: int, chars: int) -> None:
+        with self._lock:
+            self._logs[model][index].append((time.monotonic(), chars))
+
+    def _outcome(self, model: str, index: int, outcome: str) -> None:
+        with self._lock:
+            self._outcomes[model][index] = outcome
+
+    def _wait(self, seconds: float) -> None:
+        if seconds > 0 and self._closing.wait(seconds):
+            raise ConnectionAbortedError("FakeLLM closed")
+
+
+def _tokens(chars: int) -> int:
+    return math.ceil(chars / 4)
+
+
+def _arguments_text(call: dict[str, Any]) -> str:
+    arguments = call.get("arguments", {})
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    fake: FakeLLM  # set on the subclass made by FakeLLM.start
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+        self.close_connection = True
+
+    def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        self._send_json(status, {"error": {"message": message, "type": "fake_llm_error",
+                                           "code": status}}, headers)
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
+
+    def _event(self, payload: Any) -> None:
+        self._chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+    def _drop(self) -> None:
+        """End the connection without finishing the response body."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+        raise _Dropped
+
+    # -- routes -------------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        if self.path.rstrip("/").endswith("/models"):
+            with self.fake._lock:
+                models = sorted(self.fake._turns)
+            self._send_json(200, {"object": "list", "data": [
+                {"id": m, "object": "model", "owned_by": "fake-llm"} for m in models]})
+        else:
+            self._error(404, f"FakeLLM serves POST /v1/chat/completions, not GET {self.path}")
+
+    def do_POST(self) -> None:
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            self._error(404, f"FakeLLM serves POST /v1/chat/completions, not {self.path}")
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw)
+            model = str(body["model"])
+        except (ValueError, KeyError, TypeError):
+            self._error(400, "FakeLLM: the request body must be JSON with a 'model'")
+            return
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        fake = self.fake
+        index, turn = fake._record(model, body, headers)
+        if turn is None:
+            fake._outcome(model, index, "no_turn")
+            self._error(400, f"FakeLLM has no scripted turn left for model {model!r} (this is "
+                             f"request {index + 1}); script more with FakeLLM.script()")
+            return
+        try:
+            fake._wait(turn.delay_s)
+            if turn.fail_status is not None:
+                fake._outcome(model, index, "failed")
+                self._error(turn.fail_status, turn.error_message
+                            or f"FakeLLM scripted failure {turn.fail_status}", turn.headers)
+            elif body.get("stream"):
+                self._stream(model, index, body, turn)
+                fake._outcome(model, index, "complete")
+            else:
+                self._whole(model, index, body, turn)
+                fake._outcome(model, index, "complete")
+        except _Dropped:
+            fake._outcome(model, index, "dropped")
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            fake._outcome(model, index, "client_disconnected")
+            self.close_connection = True
+
+    # -- answers ------------------------------------------------------------------------------
+    def _usage(self, body: dict[str, Any], turn: Turn) -> dict[str, int]:
+        prompt = _tokens(len(json.dumps(body.get("messages", []))))
+        completion = _tokens(len(turn.text) + sum(len(_arguments_text(c)) for c in turn.tool_calls))
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}
+
+    def _whole(self, model: str, index: int, body: dict[str, Any], turn: Turn) -> None:
+        message: dict[str, Any] = {"role": "assistant", "content": turn.text or None}
+        if turn.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.get("id") or f"call_{i}", "type": "function",
+                 "function": {"name": c["name"], "arguments": _arguments_text(c)}}
+                for i, c in enumerate(turn.tool_calls)]
+        payload = {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion",
+            "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": "tool_calls" if turn.tool_calls else "stop"}],
+            "usage": self._usage(body, turn),
+        }
+        if turn.fail_after_chars is not None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(json.dumps(payload))))
+            self.end_headers()
+            self.wfile.write(json.dumps(payload).encode()[:turn.fail_after_chars])
+            self._drop()
+        self._send_json(200, payload, turn.headers)
+        self.fake._log(model, index, len(turn.text))
+
+    def _stream(self, model: str, index: int, body: dict[str, Any], turn: Turn) -> None:
+        fake = self.fake
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Connection", "close")
+        for name, value in turn.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.close_connection = True
+        base = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk",
+                "created": int(time.time()), "model": model}
+
+        def delta(content: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            return {**base, "choices": [{"index": 0, "delta": content, "finish_reason": finish}]}
+
+        interval = 1.0 / turn.tokens_per_second
+        start = time.monotonic()
+        tick = 0
+
+        def pace() -> None:
+            nonlocal tick
+            fake._wait(start + tick * interval - time.monotonic())
+            tick += 1
+
+        size = max(1, turn.chunk_chars)
+        limit = turn.fail_after_chars
+        self._event(delta({"role": "assistant", "content": ""}))
+        if limit == 0:
+            self._drop()
+        sent = 0
+        for offset in range(0, len(turn.text), size):
+            piece = turn.text[offset:offset + size]
+            if limit is not None:
+                piece = piece[:limit - sent]
+            pace()
+            self._event(delta({"content": piece}))
+            sent += len(piece)
+            fake._log(model, index, sent)
+            if limit is not None and sent >= limit:
+                self._drop()
+        for number, call in enumerate(turn.tool_calls):
+            pace()
+            self._event(delta({"tool_calls": [{
+                "index": number, "id": call.get("id") or f"call_{number}", "type": "function",
+                "function": {"name": call["name"], "arguments": ""}}]}))
+            arguments = _arguments_text(call)
+            for offset in range(0, len(arguments), size):
+                pace()
+                self._event(delta({"tool_calls": [{
+                    "index": number, "function": {"arguments": arguments[offset:offset + size]}}]}))
+        if limit is not None:  # fewer characters than the limit: drop before finishing
+            self._drop()
+        self._event(delta({}, "tool_calls" if turn.tool_calls else "stop"))
+        wants_usage = (body.get("stream_options") or {}).get("include_usage")
+        if turn.usage and wants_usage:
+            self._event({**base, "choices": [], "usage": self._usage(body, turn)})
+        self._chunk(b"data: [DONE]\n\n")
+        self._chunk(b"")  # the terminating zero-length chunk

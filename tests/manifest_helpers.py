@@ -1,0 +1,29 @@
+"""Helpers shared by the manifest-loading tests: paths, writing a manifest, its error."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cortex_worker.manifests import ManifestError, load_registry
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TEST_MANIFESTS = REPO_ROOT / "tests" / "manifests"
+EXAMPLE_MANIFESTS = REPO_ROOT / "examples" / "manifests"
+
+
+def write(directory: Path, name: str, text: str) -> Path:
+    """Write a (dedented) manifest file, creating its folders."""
+    path = directory / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def load_error(directory: Path) -> str:
+    """The message of the ManifestError that loading `directory` raises."""
+    with pytest.raises(ManifestError) as info:
+        load_registry(directory)
+    return str(info.value)

@@ -1,0 +1,336 @@
+"""The sandbox against hostile tool code, on real workers.
+
+Each hostile action must end as a clean action failure, or, where the process sandbox cannot
+stop it (no namespaces, no seccomp: see docs/reliability.md, "Sandbox"), the test pins down
+what actually happens so that the documented limitation stays true. After each one the worker
+is still there and the next action succeeds.
+
+This module starts its own Redis, `agent` and `tool` workers and API: the workers carry a fake
+secret in their environment (`CORTEX_TEST_SECRET`) that no tool may see.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import harness
+from tests.integration.test_documents import action, of, one, run
+
+SECRET = f"cortex-test-secret-{uuid.uuid4().hex}"
+
+
+class Stack:
+    def __init__(self, api: harness.Process, workers: dict[str, harness.Process],
+                 workspaces: Path) -> None:
+        self.api, self.workers, self.workspaces = api, workers, workspaces
+        self.url = api.url
+
+
+@pytest.fixture(scope="module")
+def stack(cortex_env: dict[str, str], harness_dir: Path,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    log_dir = harness_dir / "sandbox"
+    server = harness.RedisServer(log_dir=log_dir, data_dir=log_dir / "redis")
+    server.start()
+    workspaces = tmp_path_factory.mktemp("sandbox-workspaces")
+    env = {**cortex_env, "CORTEX_REDIS_URL": server.url, "CORTEX_TEST_SECRET": SECRET,
+           "CORTEX_WORKSPACE_ROOT": str(workspaces)}
+    procs: list[harness.Process] = []
+    try:
+        workers = harness.start_workers({"agent": 2, "tool": 2}, env, log_dir=log_dir,
+                                        cwd=log_dir)
+        procs += workers.values()
+        api = harness.start_api(env, log_dir=log_dir, cwd=log_dir)
+        procs.append(api)
+        yield Stack(api, workers, workspaces)
+    finally:
+        harness.stop_all(processes=procs)
+        server.close()
+
+
+def python_action(ident: str, code: str, **extra: Any) -> str:
+    return action(ident, "python", {"code": code}, **extra)
+
+
+def survives(stack: Stack) -> None:
+    """The workers are alive and a following job (a sandboxed snippet too) succeeds."""
+    for proc in stack.workers.values():
+        assert proc.alive, proc.describe()
+    doc = action("after", "echo", {"message": "still here"}) + python_action("py", "6 * 7")
+    _, events = run(stack, doc)
+    assert events[-1]["type"] == "job_completed", events[-1]
+    assert one(events, "action_completed", "py")["data"]["result"]["result"] == 42
+
+
+def failed(events: list[dict[str, Any]], ident: str) -> dict[str, Any]:
+    assert events[-1]["type"] == "job_failed", events[-1]
+    return one(events, "action_failed", ident)["data"]
+
+
+def processes_under(root: Path) -> list[int]:
+    """Pids whose working directory is under `root` (the sandboxes run in job workspaces)."""
+    found = []
+    root = root.resolve()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = Path(os.readlink(entry / "cwd"))
+        except OSError:
+            continue
+        if cwd.is_relative_to(root):
+            found.append(int(entry.name))
+    return found
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+def test_worker_secrets_are_not_in_the_tool_environment(stack: Stack) -> None:
+    code = ("import os, json\n"
+            "print(json.dumps({'secret': os.environ.get('CORTEX_TEST_SECRET'),"
+            " 'keys': sorted(os.environ)}))")
+    _, events = run(stack, python_action("env", code))
+    assert events[-1]["type"] == "job_completed", events[-1]
+    seen = json.loads(one(events, "action_completed", "env")["data"]["result"]["stdout"])
+    assert seen["secret"] is None
+    assert not [k for k in seen["keys"] if k.startswith(("CORTEX_", "CELERY_", "REDIS"))]
+    assert SECRET not in json.dumps(events)
+    survives(stack)
+
+
+def test_known_limitation_proc_environ_of_the_worker_is_readable(stack: Stack) -> None:
+    """Same user, no PID namespace: /proc/<worker>/environ is readable from a snippet.
+    Pinned here so docs/reliability.md stays true; run workers in containers to close it."""
+    code = ("import os\n"
+            "try:\n"
+            "    data = open(f'/proc/{os.getppid()}/environ', 'rb').read()\n"
+            "    print('LEAK' if b'CORTEX_TEST_SECRET=' in data else 'clean')\n"
+            "except OSError as exc:\n"
+            "    print('denied', exc.errno)\n")
+    _, events = run(stack, python_action("proc", code))
+    assert events[-1]["type"] == "job_completed", events[-1]
+    outcome = one(events, "action_completed", "proc")["data"]["result"]["stdout"].strip()
+    print(f"/proc/<worker>/environ from a python snippet: {outcome}")
+    assert outcome in ("LEAK", "clean") or outcome.startswith("denied")
+    if os.getuid() == 0:
+        assert outcome == "LEAK"  # documented limitation (root, no namespaces)
+    survives(stack)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def test_write_file_refuses_paths_outside_the_workspace(stack: Stack) -> None:
+    target = Path(f"/tmp/cortex-escape-{uuid.uuid4().hex}")
+    doc = (action("abs", "write_file", {"path": str(target), "content": "x"})
+           + action("dots", "write_file", {"path": f"../../../../..{target}", "content": "x"})
+           + action("home", "write_file", {"path": "~/escape", "content": "x"}))
+    _, events = run(stack, doc)
+    for ident, why in (("abs", "absolute"), ("dots", "escapes the workspace"),
+                       ("home", "absolute")):
+        error = one(events, "action_failed", ident)["data"]["error"]
+        assert why in error, (ident, error)
+    assert events[-1]["type"] == "job_failed"
+    assert not target.exists()
+    survives(stack)
+
+
+def test_known_limitation_a_python_snippet_can_write_outside(stack: Stack) -> None:
+    """No filesystem isolation: a raw open() in a snippet writes wherever the worker's user
+    may. Pinned here so docs/reliability.md stays true."""
+    target = Path(f"/tmp/cortex-escape-{uuid.uuid4().hex}")
+    try:
+        code = f"open({str(target)!r}, 'w').write('escaped')\nprint('wrote')"
+        _, events = run(stack, python_action("raw", code))
+        assert events[-1]["type"] == "job_completed", events[-1]
+        print(f"python snippet wrote {target}: {target.exists()}")
+        assert target.exists() and target.read_text() == "escaped"
+    finally:
+        target.unlink(missing_ok=True)
+    # RLIMIT_FSIZE still bounds the size of what it writes (64 MiB by default)
+    big = Path(f"/tmp/cortex-escape-{uuid.uuid4().hex}")
+    try:
+        code = f"f = open({str(big)!r}, 'wb')\nfor _ in range(80):\n    f.write(b'x' * 2**20)\n"
+        _, events = run(stack, python_action("big", code))
+        error = failed(events, "big")["error"]
+        assert "file size limit" in error or "File too large" in error, error
+        assert big.stat().st_size <= 64 * 2**20
+    finally:
+        big.unlink(missing_ok=True)
+    survives(stack)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+FORK_BOMB = """
+import os, time
+forked = 0
+for _ in range(300):          # bounded: at most 300 children, none of which forks
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(120)
+        os._exit(0)
+    forked += 1
+print('forked', forked, flush=True)
+time.sleep(120)
+"""
+
+
+def test_fork_bomb_is_contained_by_timeout_and_group_kill(stack: Stack) -> None:
+    before = len(processes_under(stack.workspaces))
+    started = time.monotonic()
+    peak = [0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.2):
+            peak[0] = max(peak[0], len(processes_under(stack.workspaces)))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        _, events = run(stack, python_action("bomb", FORK_BOMB, timeout=4))
+    finally:
+        stop.set()
+        watcher.join()
+    data = failed(events, "bomb")
+    assert data["status"] == "timeout", data
+    assert time.monotonic() - started < 30
+    print(f"fork bomb: peak {peak[0]} processes in job workspaces, as root: "
+          f"{os.getuid() == 0} (RLIMIT_NPROC does not bind for root)")
+    # every forked child died with the group: nothing is left in a workspace
+    harness.wait_until(lambda: len(processes_under(stack.workspaces)) <= before, timeout=10,
+                       message=lambda: f"left behind: {processes_under(stack.workspaces)}")
+    survives(stack)
+
+
+def test_memory_past_the_limit_fails_cleanly(stack: Stack) -> None:
+    code = "blocks = []\nwhile True:\n    blocks.append(bytearray(64 * 2**20))\n"
+    _, events = run(stack, python_action("hog", code, timeout=30))
+    error = failed(events, "hog")["error"]
+    assert "MemoryError" in error, error
+    survives(stack)
+
+
+def test_infinite_loop_times_out(stack: Stack) -> None:
+    started = time.monotonic()
+    _, events = run(stack, python_action("spin", "while True:\n    pass\n", timeout=2))
+    data = failed(events, "spin")
+    assert data["status"] == "timeout", data
+    assert time.monotonic() - started < 20
+    harness.wait_until(lambda: not processes_under(stack.workspaces), timeout=10)
+    survives(stack)
+
+
+def test_known_limitation_setsid_escapes_the_group_kill(stack: Stack) -> None:
+    """setsid() in a child escapes the group kill: pinned as a documented limitation, and
+    cleaned up here so nothing leaks out of the test."""
+    marker = f"cortex-setsid-{uuid.uuid4().hex}"
+    code = (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+            f"    os.execvp('sleep', ['sleep', '30'])\nprint({marker!r})\n")
+    _, events = run(stack, python_action("escape", code))
+    assert events[-1]["type"] == "job_completed", events[-1]
+    time.sleep(0.5)
+    escaped = [pid for pid in processes_under(stack.workspaces)
+               if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\0")]
+    print(f"processes that escaped the group with setsid(): {len(escaped)}")
+    for pid in escaped:  # the known limitation: kill what escaped
+        os.kill(pid, 9)
+    assert len(escaped) <= 1
+    survives(stack)
+
+
+# --------------------------------------------------------------------------- network
+
+
+@pytest.fixture
+def listener() -> Iterator[tuple[int, list[bytes]]]:
+    """A TCP server on 127.0.0.1 that records what connects to it."""
+    received: list[bytes] = []
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                try:
+                    received.append(conn.recv(100))
+                except OSError:
+                    received.append(b"")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], received
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+def test_http_get_refuses_non_loopback_hosts_before_connecting(stack: Stack) -> None:
+    urls = ["http://example.com/", "http://169.254.169.254/latest/meta-data/",
+            "http://10.0.0.1/", "file:///etc/passwd", "http://[::ffff:8.8.8.8]/",
+            "gopher://127.0.0.1/"]
+    doc = "".join(action(f"u{i}", "http_get", {"url": url}) for i, url in enumerate(urls))
+    started = time.monotonic()
+    _, events = run(stack, doc)
+    for i, url in enumerate(urls):
+        error = one(events, "action_failed", f"u{i}")["data"]["error"]
+        assert "not allowed" in error or "only http" in error, (url, error)
+    assert time.monotonic() - started < 20  # refused up front: no connect timeouts
+    survives(stack)
+
+
+def test_python_snippets_have_no_network(
+        stack: Stack, listener: tuple[int, list[bytes]]) -> None:
+    """Sandboxed processes run in a network namespace of their own (the worker is root here;
+    elsewhere an unprivileged user namespace): no connection, not even to loopback."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces for the sandbox are only guaranteed for a root worker")
+    port, received = listener
+    code = (f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=5)\n"
+            "s.sendall(b'hello from the sandbox')\ns.close()\nprint('connected')")
+    _, events = run(stack, python_action("net", code))
+    error = failed(events, "net")["error"]
+    assert "Network is unreachable" in error, error
+    time.sleep(0.5)
+    assert received == []  # nothing reached the listener
+    survives(stack)
+
+
+def test_many_hostile_actions_at_once_leave_the_worker_serving(stack: Stack) -> None:
+    doc = (python_action("spin", "while True:\n    pass\n", timeout=3)
+           + python_action("hog", "x = bytearray(4 * 2**30)")
+           + python_action("exit", "import os\nos._exit(3)")
+           + python_action("kill", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+           + python_action("flood", "import sys\nsys.stdout.write('y' * 50_000_000)"))
+    _, events = run(stack, doc)
+    assert events[-1]["type"] == "job_failed", [e["type"] for e in events]
+    errors = {e["data"]["action_id"]: e["data"]["error"] for e in of(events, "action_failed")}
+    assert {"spin", "hog", "exit", "kill"} <= set(errors), errors
+    print("hostile actions at once:", {k: v[:80] for k, v in errors.items()})
+    survives(stack)

@@ -1,0 +1,352 @@
+"""The model gateway (cortex_worker.llm.gateway) against a real HTTP server (tests.fake_llm),
+and the stream types (cortex_worker.llm.stream)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from cortex_worker.llm import gateway
+from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.stream import (
+    ModelError,
+    TextDelta,
+    ToolCall,
+    Usage,
+    protocol_id,
+    tool_call_to_protocol,
+)
+from cortex_worker.protocol import parser as p
+from cortex_worker.protocol.parser import parse_document
+from tests.fake_llm import FakeLLM, Turn
+
+
+def settled(llm: FakeLLM, model: str, timeout: float = 5.0) -> list[str]:
+    """The server's outcomes once none is still `streaming` (it records them a moment after
+    the client has read the last byte)."""
+    deadline = time.monotonic() + timeout
+    while "streaming" in llm.outcomes(model) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return llm.outcomes(model)
+
+pytestmark = pytest.mark.unit
+
+MESSAGES = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Say hello."}]
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[FakeLLM]:
+    with FakeLLM() as server:
+        yield server
+
+
+@pytest.fixture
+def model(request: pytest.FixtureRequest) -> str:
+    """A model name of its own for each test, so scripts never mix."""
+    return request.node.name
+
+
+def config(llm: FakeLLM, model: str, **overrides: Any) -> ModelConfig:
+    return ModelConfig(base_url=llm.url, model=model, api_key_env=None, **overrides)
+
+
+def text_of(pieces: list[Any]) -> str:
+    return "".join(piece.text for piece in pieces if isinstance(piece, TextDelta))
+
+
+def failure(gen: Iterator[Any]) -> ModelError:
+    with pytest.raises(ModelError) as info:
+        for _ in gen:
+            pass
+    return info.value
+
+
+# -- streaming ----------------------------------------------------------------------------------
+def test_text_deltas_join_to_the_script_and_the_request_is_openai_shaped(
+        llm: FakeLLM, model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = '<thought>Hi — "quoted" & <b>raw</b>\n</thought><response>Hello!</response>'
+    llm.script(model, [Turn(text=text, chunk_chars=3)])
+    monkeypatch.setenv("FAKE_LLM_KEY", "sk-test")
+    tools = [{"type": "function", "function": {"name": "echo", "parameters": {"type": "object"}}}]
+    cfg = ModelConfig(base_url=llm.url, model=model, api_key_env="FAKE_LLM_KEY",
+                      temperature=0.2, max_tokens=256)
+    pieces = list(gateway.stream_chat(cfg, MESSAGES, tools=tools))
+    deltas = [piece for piece in pieces if isinstance(piece, TextDelta)]
+    assert text_of(pieces) == text
+    assert len(deltas) == -(-len(text) // 3)  # one delta per server chunk
+    (body,) = llm.requests(model)
+    assert body["messages"] == MESSAGES and body["model"] == model
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["temperature"] == 0.2 and body["max_tokens"] == 256 and body["tools"] == tools
+    assert llm.request_headers(model)[0]["authorization"] == "Bearer sk-test"
+    assert settled(llm, model) == ["complete"]
+
+
+def test_optional_fields_are_left_out(llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(text="ok")])
+    assert text_of(list(gateway.stream_chat(config(llm, model), MESSAGES))) == "ok"
+    (body,) = llm.requests(model)
+    assert not {"temperature", "max_tokens", "tools"} & set(body)
+    assert "authorization" not in llm.request_headers(model)[0]
+
+
+def test_tool_calls_are_assembled_from_fragments(llm: FakeLLM, model: str) -> None:
+    calls = [
+        {"id": "call_a1", "name": "calculator", "arguments": {"expression": "2 ** 10 + 3"}},
+        {"id": "call_b2", "name": "echo", "arguments": {"message": {"nested": [1, 2, "x"]}}},
+        {"id": "call_c3", "name": "echo", "arguments": '{"message": "unterminated'},
+        {"id": "call_d4", "name": "list_context_feeds", "arguments": ""},
+    ]
+    llm.script(model, [Turn(text="<thought>calling</thought>", tool_calls=calls, chunk_chars=3)])
+    pieces = list(gateway.stream_chat(config(llm, model), MESSAGES))
+    got = [piece for piece in pieces if isinstance(piece, ToolCall)]
+    assert got == [
+        ToolCall("call_a1", "calculator", {"expression": "2 ** 10 + 3"},
+                 '{"expression": "2 ** 10 + 3"}'),
+        ToolCall("call_b2", "echo", {"message": {"nested": [1, 2, "x"]}},
+                 '{"message": {"nested": [1, 2, "x"]}}'),
+        ToolCall("call_c3", "echo", None, '{"message": "unterminated'),
+        ToolCall("call_d4", "list_context_feeds", {}, ""),
+    ]
+    # text first, then the calls, then usage last
+    kinds = [type(piece).__name__ for piece in pieces]
+    assert kinds.index("ToolCall") > max(i for i, k in enumerate(kinds) if k == "TextDelta")
+    assert kinds[-1] == "Usage"
+
+
+def test_usage_is_reported_last_and_only_when_sent(llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(text="x" * 40), Turn(text="y" * 40, usage=False)])
+    pieces = list(gateway.stream_chat(config(llm, model), MESSAGES))
+    usage = pieces[-1]
+    assert isinstance(usage, Usage)
+    assert usage.completion_tokens == 10 and usage.prompt_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert not any(isinstance(piece, Usage)
+                   for piece in gateway.stream_chat(config(llm, model), MESSAGES))
+
+
+# -- retries and errors ----------------------------------------------------------------------
+def test_a_500_is_retried_and_then_succeeds(llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(fail_status=500), Turn(text="second time lucky")])
+    pieces = list(gateway.stream_chat(config(llm, model), MESSAGES))
+    assert text_of(pieces) == "second time lucky"
+    assert len(llm.requests(model)) == 2
+    assert settled(llm, model) == ["failed", "complete"]
+
+
+def test_429_honours_retry_after(llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(fail_status=429, headers={"Retry-After": "1"},
+                            error_message="Rate limit reached"), Turn(text="ok")])
+    start = time.monotonic()
+    assert text_of(list(gateway.stream_chat(config(llm, model), MESSAGES))) == "ok"
+    first, second = llm.requests(model)
+    assert second["received_at"] - first["received_at"] >= 0.95
+    assert time.monotonic() - start < 3
+
+
+def test_retries_are_bounded_and_the_last_error_is_raised(llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(fail_status=503, error_message="overloaded")] * 3)
+    error = failure(gateway.stream_chat(config(llm, model, max_retries=2), MESSAGES))
+    assert error.retryable and error.status == 503 and error.streamed == 0
+    assert "overloaded" in str(error) and "3 attempts" in str(error)
+    assert len(llm.requests(model)) == 3
+
+
+def test_a_400_is_not_retried_and_carries_the_servers_message(llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(fail_status=400, error_message="messages[1].content is too long"),
+                       Turn(text="never")])
+    error = failure(gateway.stream_chat(config(llm, model), MESSAGES))
+    assert not error.retryable and error.status == 400
+    assert "messages[1].content is too long" in str(error) and "HTTP 400" in str(error)
+    assert len(llm.requests(model)) == 1
+
+
+def test_a_401_says_which_key_to_fix(llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(fail_status=401, error_message="Incorrect API key provided")])
+    cfg = ModelConfig(base_url=llm.url, model=model, api_key_env="CORTEX_TEST_UNSET_KEY")
+    error = failure(gateway.stream_chat(cfg, MESSAGES))
+    assert not error.retryable and "CORTEX_TEST_UNSET_KEY" in str(error)
+
+
+def test_a_drop_after_text_is_raised_not_retried(llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(text="<thought>" + "a" * 100, fail_after_chars=30),
+                       Turn(text="never")])
+    seen: list[str] = []
+    with pytest.raises(ModelError) as info:
+        for piece in gateway.stream_chat(config(llm, model), MESSAGES):
+            seen.append(piece.text)
+    assert info.value.retryable and info.value.streamed == len("".join(seen)) > 0
+    assert len(llm.requests(model)) == 1 and settled(llm, model) == ["dropped"]
+
+
+def test_a_drop_before_any_text_is_retried(llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(text="lost", fail_after_chars=0), Turn(text="found")])
+    assert text_of(list(gateway.stream_chat(config(llm, model), MESSAGES))) == "found"
+    assert settled(llm, model) == ["dropped", "complete"]
+
+
+def test_closing_the_generator_closes_the_connection(llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(text="z" * 4000, tokens_per_second=40)])  # 25 s if read to the end
+    gen = gateway.stream_chat(config(llm, model), MESSAGES)
+    assert isinstance(next(gen), TextDelta) and isinstance(next(gen), TextDelta)
+    start = time.monotonic()
+    gen.close()
+    assert time.monotonic() - start < 0.5
+    deadline = time.monotonic() + 3
+    while llm.outcomes(model) != ["client_disconnected"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert settled(llm, model) == ["client_disconnected"]
+    assert len(llm.stream_log(model)[0]) < 10
+
+
+def test_a_server_that_stalls_before_answering_times_out(llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(text="late", delay_s=3)])
+    start = time.monotonic()
+    error = failure(gateway.stream_chat(config(llm, model, timeout_s=0.3, max_retries=0),
+                                        MESSAGES))
+    assert time.monotonic() - start < 2
+    assert error.retryable and error.status is None and error.streamed == 0
+    assert "timeout_s" in str(error)
+
+
+def test_a_stall_mid_stream_times_out_with_the_streamed_count(llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(text="abcdefgh" * 4, tokens_per_second=1)])  # 1 s between chunks
+    error = failure(gateway.stream_chat(config(llm, model, timeout_s=0.3), MESSAGES))
+    assert error.retryable and error.streamed == 4
+    assert len(llm.requests(model)) == 1
+
+
+def test_an_unreachable_endpoint_is_retryable_and_says_so(model: str) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg = ModelConfig(base_url=f"http://127.0.0.1:{port}/v1", model=model, api_key_env=None,
+                      max_retries=1)
+    error = failure(gateway.stream_chat(cfg, MESSAGES))
+    assert error.retryable and "could not be reached" in str(error)
+
+
+def test_an_unset_base_url_variable_is_a_clear_error(model: str) -> None:
+    cfg = ModelConfig(base_url="${CORTEX_TEST_UNSET_URL}/v1", model=model)
+    error = failure(gateway.stream_chat(cfg, MESSAGES))
+    assert not error.retryable and "CORTEX_TEST_UNSET_URL" in str(error)
+
+
+def test_sse_parsing_edge_cases() -> None:
+    lines = [": keep-alive", "", "event: message",
+             'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}', "",
+             'data:{"choices": [{"index": 0, "delta": {"content": "b"}}]}', "",
+             "data: {\"choices\": [{\"index\": 0,", "data: \"delta\": {\"content\": \"c\"}}]}", "",
+             'data: {"choices": [{"index": 1, "delta": {"content": "other choice"}}]}', "",
+             'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}', ""]
+    pieces = list(gateway._parse_stream("u", iter(lines)))
+    assert text_of(pieces) == "abc"
+    with pytest.raises(ModelError, match="before the completion finished"):
+        list(gateway._parse_stream("u", iter(lines[:4])))
+    with pytest.raises(ModelError, match="mid-stream: boom"):
+        list(gateway._parse_stream("u", iter(['data: {"error": {"message": "boom"}}', ""])))
+
+
+def test_a_server_that_ignores_stream_true_still_works(model: str) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/old/chat/completions"):
+            return httpx.Response(301, headers={"Location": "https://new.example/v1"})
+        return httpx.Response(200, json={
+            "object": "chat.completion",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": "whole",
+                "tool_calls": [{"id": "c1", "type": "function",
+                                "function": {"name": "echo", "arguments": "{}"}}]}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        cfg = ModelConfig(base_url="http://llm.test/v1", model=model, api_key_env=None)
+        assert list(gateway.stream_chat(cfg, MESSAGES, client=client)) == [
+            TextDelta("whole"), ToolCall("c1", "echo", {}, "{}"), Usage(3, 2, 5)]
+        moved = cfg.model_copy(update={"base_url": "http://llm.test/old"})
+        error = failure(gateway.stream_chat(moved, MESSAGES, client=client))
+    assert not error.retryable and "https://new.example/v1" in str(error)
+
+
+# -- complete ---------------------------------------------------------------------------------
+def test_complete_joins_the_text_and_retries_a_broken_stream(llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(text="partial answer", fail_after_chars=5),
+                       Turn(text="the whole answer")])
+    text, usage = gateway.complete(config(llm, model), MESSAGES)
+    assert text == "the whole answer" and usage is not None and usage.completion_tokens == 4
+    assert settled(llm, model) == ["dropped", "complete"]
+
+
+def test_the_fake_server_also_answers_non_streaming_requests(llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(text="plain", tool_calls=[{"id": "c1", "name": "echo",
+                                                        "arguments": {"message": 1}}])])
+    response = httpx.post(f"{llm.url}/chat/completions",
+                          json={"model": model, "messages": MESSAGES, "stream": False})
+    data = response.json()
+    assert data["object"] == "chat.completion"
+    message = data["choices"][0]["message"]
+    assert message["content"] == "plain"
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"message": 1}
+    missing = httpx.post(f"{llm.url}/chat/completions", json={"model": model, "messages": []})
+    assert missing.status_code == 400 and model in missing.json()["error"]["message"]
+
+
+# -- native tool calls as protocol text --------------------------------------------------------
+def only_action(text: str) -> Any:
+    events = [e for e in parse_document(text) if e.type != p.TEXT]
+    assert [e.type for e in events] == [p.ACTION_PARSED], events
+    return events[0].data["action"]
+
+
+def test_a_tool_call_becomes_an_async_tool_action() -> None:
+    call = ToolCall("call_Ab-3.x", "calculator", {"expression": "1 + 2", "note": "</action> é"})
+    text = tool_call_to_protocol(call)
+    assert text.startswith('<action type="tool" mode="async" id="call_Ab_3_x">')
+    action = only_action(text)
+    assert (action.id, action.type.value, action.mode.value) == ("call_Ab_3_x", "tool", "async")
+    assert action.name == "calculator"
+    assert action.parameters == {"expression": "1 + 2", "note": "</action> é"}
+
+
+def test_protocol_ids_are_variable_names() -> None:
+    assert protocol_id("call_abc123") == "call_abc123"
+    assert protocol_id("123-abc") == "call_123_abc"
+    assert protocol_id("---") == ""
+    action = only_action(tool_call_to_protocol(ToolCall("", "echo", {})))
+    assert action.generated_id and action.name == "echo" and action.parameters == {}
+
+
+def test_invalid_raw_arguments_become_an_invalid_json_protocol_error() -> None:
+    call = ToolCall.from_raw("call_1", "echo", '{"message": "hi" "oops": 1}')
+    assert call.arguments is None
+    events = parse_document(tool_call_to_protocol(call))
+    errors = [e.data for e in events if e.type == p.PROTOCOL_ERROR]
+    assert [e["kind"] for e in errors] == ["invalid_json"]
+    assert errors[0]["line"] == 1 and errors[0]["column"] > 1
+    assert errors[0]["action_id"] == "call_1"
+    assert not [e for e in events if e.type == p.ACTION_PARSED]
+
+
+@pytest.mark.parametrize("raw", ['[1, 2]', '"text"', '{"a": 1}, "name": "python"'])
+def test_non_object_or_smuggling_arguments_are_rejected(raw: str) -> None:
+    call = ToolCall.from_raw("call_1", "echo", raw)
+    assert call.arguments is None
+    events = parse_document(tool_call_to_protocol(call))
+    assert [e.data["kind"] for e in events if e.type == p.PROTOCOL_ERROR] == ["invalid_json"]
+    assert not [e for e in events if e.type == p.ACTION_PARSED]
+
+
+def test_repairable_raw_arguments_are_repaired_like_textual_actions() -> None:
+    call = ToolCall.from_raw("call_1", "echo", '{"message": "hi",}')
+    assert call.arguments is None
+    events = parse_document(tool_call_to_protocol(call))
+    assert [e.data["kind"] for e in events if e.type == p.WARNING] == ["repaired_json"]
+    (parsed,) = [e for e in events if e.type == p.ACTION_PARSED]
+    assert parsed.data["action"].parameters == {"message": "hi"}
