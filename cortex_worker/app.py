@@ -14,6 +14,11 @@ TYPE_QUEUES = {"tool": "tool", "llm": "llm", "agent": "agent", "relic": "relic",
                "workflow": "agent", "internal": "agent"}
 
 
+def restore_lock_expiry(visibility_timeout_s: int) -> int:
+    """Seconds kombu's restore lock lives: the visibility timeout, within 5..60 s."""
+    return max(5, min(60, visibility_timeout_s))
+
+
 def create_app(settings: Settings | None = None) -> Celery:
     """Build the Celery app for `settings` (the environment's by default)."""
     settings = settings or get_settings()
@@ -43,11 +48,15 @@ def create_app(settings: Settings | None = None) -> Celery:
                                    "interval_step": 0.25, "interval_max": 1.0},
         # A task unacknowledged this long is delivered again: longer than any action may run.
         # kombu looks for such tasks every interval x throttle seconds (10 x 10 by default):
-        # look every min(10, timeout / 2) s, so a short timeout really is short.
+        # look every min(10, timeout / 2) s, so a short timeout really is short. The look takes
+        # a lock that outlives a worker killed while holding it (or a Redis restart that lost
+        # its release) by its expiry, 300 s by default: keep it short. Two workers restoring at
+        # once deliver a task twice, which the claim makes harmless.
         broker_transport_options={
             "visibility_timeout": settings.visibility_timeout_s,
             "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 2)),
             "unacked_restore_throttle": 1,
+            "unacked_mutex_expire": restore_lock_expiry(settings.visibility_timeout_s),
         },
         result_backend_transport_options={"visibility_timeout": settings.visibility_timeout_s},
         worker_hijack_root_logger=False,
