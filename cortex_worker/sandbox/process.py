@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from cortex_worker.sandbox.isolation import FAILED, PREFIX, Isolation
+from cortex_worker.sandbox.isolation import plan as isolation_plan
 from cortex_worker.sandbox.limits import Limits
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -154,30 +156,9 @@ def _clamp(which: int, wanted: int) -> tuple[int, int]:
     return wanted, wanted
 
 
-CLONE_NEWNET = 0x40000000
-CLONE_NEWUSER = 0x10000000
-
-
-def _unshare_network() -> Callable[[], bool]:
-    """`unshare()` into a new, empty network namespace (loopback down: no connection goes
-    anywhere). Root can; others need unprivileged user namespaces. Prepared in the parent."""
-    import ctypes
-
-    try:
-        unshare = ctypes.CDLL(None, use_errno=True).unshare
-    except (OSError, AttributeError):
-        return lambda: False
-    flags = CLONE_NEWNET if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWNET
-
-    def apply() -> bool:
-        return unshare(flags) == 0
-
-    return apply
-
-
-def _preexec(limits: Limits, isolate_network: bool = False) -> Callable[[], None]:
-    """A `preexec_fn` that only calls setrlimit (and `unshare`, when asked) with values
-    computed here, in the parent."""
+def _preexec(limits: Limits, isolation: Isolation | None = None) -> Callable[[], None]:
+    """A `preexec_fn` that sets rlimits (after the namespaces of `isolation`, if any) with
+    values computed here, in the parent."""
     mib = 1024 * 1024
     _, cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)
     cpu = (limits.cpu_seconds, limits.cpu_seconds + 1)  # SIGXCPU first, SIGKILL one second later
@@ -191,11 +172,11 @@ def _preexec(limits: Limits, isolate_network: bool = False) -> Callable[[], None
         (resource.RLIMIT_FSIZE, _clamp(resource.RLIMIT_FSIZE, limits.file_mb * mib)),
     ]
     setrlimit = resource.setrlimit
-    isolate = _unshare_network() if isolate_network else None
+    isolate = isolation_plan(isolation) if isolation is not None else None
 
     def apply() -> None:
         if isolate is not None:
-            isolate()  # where namespaces are unavailable the tool runs with the host's network
+            isolate()  # returns in the tool process only
         for which, value in settings:
             setrlimit(which, value)
 
@@ -214,12 +195,12 @@ def run_sandboxed(
     limits: Limits | None = None,
     env: Mapping[str, str] | None = None,
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-    isolate_network: bool = False,
+    isolation: Isolation | None = None,
 ) -> SandboxResult:
     """Run `argv` (never through a shell) in `cwd` and return its exit status and output.
 
-    With `isolate_network` it runs in a network namespace of its own, with no usable
-    interface: no connection, not even to loopback.
+    With `isolation` it runs in namespaces of its own (cortex_worker/sandbox/isolation.py):
+    its own processes only, a read-only filesystem but for the workspace, no network.
 
     Never raises for what the command does (non-zero exit, signal, timeout: see the result);
     raises `SandboxError` when it cannot be started.
@@ -242,7 +223,7 @@ def run_sandboxed(
             cwd=cwd,
             env=full_env,
             start_new_session=True,
-            preexec_fn=_preexec(limits or Limits(), isolate_network),  # see the docstring
+            preexec_fn=_preexec(limits or Limits(), isolation),  # see the docstring
             close_fds=True,
         )
     except FileNotFoundError as exc:
@@ -254,6 +235,8 @@ def run_sandboxed(
         raise SandboxError(f"command {argv[0]!r} is not executable: {exc}") from exc
     except OSError as exc:
         raise SandboxError(f"cannot start {argv[0]!r}: {exc}") from exc
+    except subprocess.SubprocessError as exc:  # raised in preexec_fn (rlimits, user switch)
+        raise SandboxError(f"cannot start {argv[0]!r} in the sandbox: {exc}") from exc
 
     with _live_lock:
         _live.add(proc.pid)
@@ -268,6 +251,8 @@ def run_sandboxed(
             shutdown = proc.pid in _shutdown_killed
             _shutdown_killed.discard(proc.pid)
 
+    if proc.returncode == FAILED and capture.err.startswith(PREFIX):
+        raise SandboxError(capture.err[len(PREFIX):].decode(errors="replace").strip())
     return SandboxResult(
         returncode=proc.returncode,
         stdout=bytes(capture.out),
