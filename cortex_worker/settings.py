@@ -14,7 +14,7 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
@@ -41,6 +41,12 @@ class Settings(BaseSettings):
     broker_url: str | None = Field(default=None, description="Celery broker; defaults to redis_url")
     manifests: Path = Path("examples/manifests")
     workspace_root: Path = Path("/tmp/cortex-workspaces")
+    sandbox_isolation: Literal["auto", "required", "off"] = Field(
+        default="auto", description="namespaces around python/shell tools: 'auto' uses them "
+        "where the kernel allows, 'required' refuses to run tools without them")
+    sandbox_user: str | None = Field(
+        default="nobody", description="user that tool code runs as when the worker is root; "
+        "empty: the worker's user, without capabilities")
 
     event_retention_s: int = Field(default=7 * 24 * 3600, gt=0)
     max_parallel_actions: int = Field(default=64, gt=0, description="running actions per job")

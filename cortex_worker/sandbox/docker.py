@@ -9,8 +9,8 @@ Every container gets, unless its manifest says otherwise where it may (see docs/
 - cgroup limits: memory = `limits.memory_mb` (no swap on top), `cpus` CPUs (default 1),
   pids = `limits.processes`; rlimits: CPU time `limits.cpu_seconds`, file size
   `limits.file_mb`, no core dumps;
-- `cap_drop=["ALL"]`, `no-new-privileges`, the worker's own uid:gid (files it writes in the
-  workspace belong to the worker), no TTY;
+- `cap_drop=["ALL"]`, `no-new-privileges`, the uid:gid that owns the workspace (the user
+  python and shell tools run as; files it writes there stay theirs), no TTY;
 - an environment made of the image's and the manifest's `env` only: nothing of the worker's;
 - labels `cortex.job_id`, `cortex.action_id` and `cortex.tool` (`docker ps --filter
   label=cortex.job_id=<job>` finds a job's containers);
@@ -202,12 +202,13 @@ def container_config(
     if spec.image is None:
         raise ToolError(f"tool {spec.name!r} has no image")
     limits = spec.limits
+    owner = ctx.workspace.stat()
     mib = 1024 * 1024
     memory = limits.memory_mb * mib
     create = {
         "image": spec.image,
         "command": list(argv) or None,  # none: the image's CMD
-        "user": f"{os.getuid()}:{os.getgid()}",
+        "user": f"{owner.st_uid}:{owner.st_gid}",  # the workspace's owner, as for tools
         "working_dir": spec.workdir or WORKSPACE,
         "environment": dict(spec.env),
         "labels": {LABEL_JOB: ctx.job_id, LABEL_ACTION: ctx.action_id, LABEL_TOOL: spec.name},

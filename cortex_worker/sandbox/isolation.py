@@ -147,7 +147,7 @@ def veils(isolation: Isolation, user: tuple[int, int] | None) -> list[tuple[str,
         homes = [d for d in hidden if path.startswith(d.rstrip("/") + "/")]
         if homes:  # bound back by the innermost hidden directory above it
             hidden[max(homes, key=len)].add(path)
-    ordered = sorted(hidden, key=lambda d: d.count("/"))
+    ordered = sorted(hidden, key=lambda d: (d.count("/"), d))
     return [(d, _outermost(hidden[d])) for d in ordered]
 
 
@@ -346,14 +346,18 @@ def _wait_for(pid: int) -> tuple[int, int]:
 
 
 def _exit_like(status: int) -> None:
-    """End this process the way a child with wait status `status` ended."""
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-        os._exit(128 + sig)
-    os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else FAILED)
+    """End this process the way a child with wait status `status` ended (never returns)."""
+    try:
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            if sig not in (signal.SIGKILL, signal.SIGSTOP):
+                signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+            os._exit(128 + sig)
+        os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else FAILED)
+    finally:
+        os._exit(FAILED)
 
 
 # ---------------------------------------------------------------- what this machine allows

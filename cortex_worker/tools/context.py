@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from cortex_worker.sandbox import isolation
 from cortex_worker.settings import Settings
 
 JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -44,4 +46,17 @@ def workspace_for(settings: Settings, job_id: str) -> Path:
         )
     path = settings.workspace_root.expanduser().resolve() / job_id
     path.mkdir(parents=True, exist_ok=True)
+    user = tool_user(settings)
+    if user is not None and path.stat().st_uid != user[0]:
+        os.chown(path, *user)  # tool code runs as this user and writes here
     return path
+
+
+def tool_user(settings: Settings) -> tuple[int, int] | None:
+    """(uid, gid) that tool code runs as, which owns the workspaces; None: the worker's own.
+
+    A root worker switches to `sandbox_user` when namespaces isolate its tools (they make the
+    interpreter readable to that user, see cortex_worker/sandbox/isolation.py)."""
+    if settings.sandbox_isolation == "off" or isolation.unavailable_reason() is not None:
+        return None
+    return isolation.sandbox_user(settings.sandbox_user)

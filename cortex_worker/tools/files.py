@@ -67,15 +67,27 @@ def write_text(workspace: Path, path: str, content: str, append: bool = False) -
     target = resolve_in(workspace, path)
     if target.is_dir():
         raise ToolError(f"{path!r} is a directory")
+    created = [d for d in reversed(target.parents) if d.is_relative_to(workspace.resolve())
+               and not d.exists()]
     target.parent.mkdir(parents=True, exist_ok=True)
     data = content.encode("utf-8")
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
     try:
         with _open(target, flags, "ab" if append else "wb") as fh:
             fh.write(data)
+            _give_to_owner(workspace, [*created, target])
     except OSError as exc:
         raise ToolError(f"cannot write {path!r}: {exc.strerror}") from None
     return {"path": relative(workspace, target), "bytes": len(data), "appended": append}
+
+
+def _give_to_owner(workspace: Path, paths: list[Path]) -> None:
+    """What the worker creates in a workspace belongs to the workspace's owner (the user tool
+    code runs as), so that tools may change it too."""
+    owner = workspace.stat()
+    if os.geteuid() == 0 and owner.st_uid != 0:
+        for path in paths:
+            os.chown(path, owner.st_uid, owner.st_gid, follow_symlinks=False)
 
 
 def _open(target: Path, flags: int, mode: str = "rb") -> IO[bytes]:

@@ -72,6 +72,7 @@ def _python(
         stdin=json.dumps(params).encode("utf-8"),
         env=env,
         network=spec.network == "host",
+        reads=[Path(p) for p in paths],
     )
     return line.get("result")
 
@@ -79,7 +80,8 @@ def _python(
 def _shell(spec: ToolSpec, params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     argv = render_argv(spec, params)
     result = sandboxed.run(argv, ctx, limits=spec.limits, env=spec.env,
-                           network=spec.network == "host")
+                           network=spec.network == "host",
+                           reads=[Path(argv[0])] if os.path.isabs(argv[0]) else [])
     stdout = result.stdout.decode("utf-8", errors="replace")
     stderr = result.stderr.decode("utf-8", errors="replace")
     if result.returncode != 0:

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
 from typing import Any
 
+from cortex_worker.sandbox import isolation
+from cortex_worker.sandbox.isolation import Isolation
 from cortex_worker.sandbox.limits import Limits
 from cortex_worker.sandbox.process import SandboxError, SandboxResult, run_sandboxed
 from cortex_worker.sandbox.runner import parse_last_line
-from cortex_worker.tools.context import ToolContext
+from cortex_worker.tools.context import ToolContext, tool_user
 from cortex_worker.tools.errors import ToolError, ToolTimeout
+
+log = logging.getLogger(__name__)
 
 STDERR_TAIL = 2000
 
@@ -20,6 +27,37 @@ _KILLED = {
 }
 
 
+def isolation_for(ctx: ToolContext, *, network: bool = False,
+                  reads: Sequence[Path] = ()) -> Isolation | None:
+    """The namespaces a tool of this context runs in (None: `sandbox_isolation` is off, or
+    'auto' on a kernel that refuses them); raises ToolError when 'required' cannot be met."""
+    mode = ctx.settings.sandbox_isolation
+    if mode == "off":
+        return None
+    reason = isolation.unavailable_reason()
+    if reason is not None:
+        if mode == "required":
+            raise ToolError(
+                f"tools must run isolated (CORTEX_SANDBOX_ISOLATION=required) but this worker "
+                f"cannot create namespaces: {reason}. Run it as root, allow unprivileged user "
+                "namespaces, or give its container CAP_SYS_ADMIN and an unconfined seccomp "
+                "profile (docs/security.md)")
+        _warn_once(reason)
+        return None
+    readable = (*isolation.interpreter_paths(), *(Path(p) for p in reads))
+    root = ctx.settings.workspace_root.expanduser().resolve()
+    hide = root if ctx.workspace.parent == root and not any(
+        p.resolve().is_relative_to(root) for p in readable) else None
+    return Isolation(writable=ctx.workspace, hide=hide, readable=readable, network=not network,
+                     user=tool_user(ctx.settings))
+
+
+@cache
+def _warn_once(reason: str) -> None:
+    log.warning("tools run WITHOUT namespaces on this worker (CORTEX_SANDBOX_ISOLATION=auto): "
+                "they can see its processes, write where it may and use the network: %s", reason)
+
+
 def run(
     argv: Sequence[str],
     ctx: ToolContext,
@@ -28,13 +66,14 @@ def run(
     stdin: bytes | None = None,
     env: Mapping[str, str] | None = None,
     network: bool = False,
+    reads: Sequence[Path] = (),
 ) -> SandboxResult:
     """run_sandboxed in the workspace with the context's timeout; raises ToolTimeout/ToolError.
-    Without `network` the process gets no network at all."""
+    Without `network` the process gets no network at all; `reads` are paths it must read."""
     try:
         result = run_sandboxed(
             argv, stdin=stdin, cwd=ctx.workspace, timeout=ctx.timeout, limits=limits, env=env,
-            isolate_network=not network,
+            isolation=isolation_for(ctx, network=network, reads=reads),
         )
     except SandboxError as exc:
         raise ToolError(str(exc)) from None
@@ -54,12 +93,13 @@ def run_json(
     stdin: bytes,
     env: Mapping[str, str] | None = None,
     network: bool = False,
+    reads: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """Run a runner/snippet program and return its successful result line.
 
     A failure line becomes ToolError("<type>: <error>") with the stderr tail as detail.
     """
-    result = run(argv, ctx, limits=limits, stdin=stdin, env=env, network=network)
+    result = run(argv, ctx, limits=limits, stdin=stdin, env=env, network=network, reads=reads)
     line = parse_last_line(result.stdout)
     if line is None:
         if result.stdout_truncated:

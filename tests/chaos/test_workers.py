@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from cortex_worker.app import restore_lock_expiry
+from cortex_worker.app import create_app, restore_lock_expiry
 from cortex_worker.sandbox.docker import LABEL_JOB
+from cortex_worker.settings import Settings
 from tests import dockerd, harness
 from tests.chaos.conftest import TIMINGS, VISIBILITY_TIMEOUT_S, Stack
 from tests.fake_llm import Turn
@@ -58,16 +59,15 @@ def test_tool_worker_killed_mid_action(stack: Stack) -> None:
     doc = (tool("slow", "sleep", {"seconds": 1.5})
            + tool("next", "echo", {"message": "$slow"}, depends_on=["slow"])
            + "<response>$next</response>")
-    conf = harness.celery_control_app(stack.env).control.inspect(
-        timeout=5, limit=len(stack.workers)).conf() or {}
-    expiries = {c["broker_transport_options"]["unacked_mutex_expire"] for c in conf.values()}
-    assert expiries == {restore_lock_expiry(VISIBILITY_TIMEOUT_S)}, conf
+    app = create_app(Settings(visibility_timeout_s=VISIBILITY_TIMEOUT_S))  # as the workers'
+    expiry = app.conf.broker_transport_options["unacked_mutex_expire"]
+    assert expiry == restore_lock_expiry(VISIBILITY_TIMEOUT_S) < 300  # kombu's default: 300
     job_id = stack.submit({"protocol": doc})
     first = stack.wait_event(job_id, started("slow"))
     # kombu's restore lock, as a worker that died holding it leaves it (or a Redis restart that
     # lost its release), with the expiry the workers really use: it must not hold up
     # redelivery for long (a 300 s default did, once, in CI; cortex_worker/app.py)
-    assert stack.client.lock("unacked_mutex", timeout=expiries.pop()).acquire(blocking=False)
+    assert stack.client.lock("unacked_mutex", timeout=expiry).acquire(blocking=False)
     old_pid = int(first["data"]["worker"].rpartition(":")[2])
     stack.kill_worker("tool")
     killed_at = time.time()

@@ -137,9 +137,12 @@ def test_workspace_is_mounted_read_write(api: Any, cortex_env: dict[str, str]) -
     assert events[-1]["type"] == "job_completed", events[-1]
     assert one(events, "action_completed", "count")["data"]["result"]["stdout"] == \
         "4 notes.txt\n"
-    out = workspace_of(cortex_env, job_id) / "out.txt"
+    workspace = workspace_of(cortex_env, job_id)
+    out = workspace / "out.txt"
     assert out.read_text() == "made in a box\n"
-    assert (out.stat().st_uid, out.stat().st_gid) == (os.getuid(), os.getgid())
+    # the container runs as the workspace's owner (the sandbox user python/shell tools use)
+    assert (out.stat().st_uid, out.stat().st_gid) == (workspace.stat().st_uid,
+                                                      workspace.stat().st_gid)
 
 
 def test_read_only_root_no_capabilities_and_only_the_manifest_env(api: Any) -> None:
@@ -198,7 +201,8 @@ def test_limits_while_running_then_timeout_kills_and_removes(
     labels = container.attrs["Config"]["Labels"]
     assert labels[sandbox_docker.LABEL_ACTION] == "nap"
     assert labels[sandbox_docker.LABEL_TOOL] == "box_sleep"
-    assert container.attrs["Config"]["User"] == f"{os.getuid()}:{os.getgid()}"
+    owner = workspace_of(cortex_env, job_id).stat()
+    assert container.attrs["Config"]["User"] == f"{owner.st_uid}:{owner.st_gid}"
 
     events = follow(api, job_id)
     failed = one(events, "action_failed", "nap")["data"]

@@ -436,6 +436,11 @@ def test_started_on_first_use_then_reused(manager: RelicManager, echo: RelicSpec
 def test_restarted_after_a_crash(manager: RelicManager, echo: RelicSpec) -> None:
     before = manager.call(echo, "echo", {"message": "x"}, 10)["pid"]
     assert manager.call(echo, "crash", {}, 10) == {"pid": before, "crashing": True}
+    # it answers, then exits: a call racing with the exit fails (and says the relic restarts
+    # on next use), so the next use here comes once the process is gone
+    deadline = time.monotonic() + 10
+    while alive(before) and time.monotonic() < deadline:
+        time.sleep(0.02)
     after = manager.call(echo, "echo", {"message": "y"}, 10)
     assert after["pid"] != before and after["calls"] == 1
     assert not alive(before)
