@@ -12,15 +12,20 @@ What the sandbox guarantees:
 - stdout and stderr are drained concurrently (no deadlock with a chatty process) and
   truncated beyond `max_output_bytes` each.
 
+With `isolation` (cortex_worker/sandbox/isolation.py) it also runs in namespaces of its own:
+only its own processes in /proc, everything read-only but the workspace, no network, as an
+unprivileged user (or without capabilities), and nothing it starts outlives it, `setsid()`
+or not.
+
 What it does not guarantee:
 
 - RLIMIT_NPROC counts every process of the real user, and root (or CAP_SYS_RESOURCE) is
-  exempt from it: as root it does not bind at all, and as a shared user it may bind too
-  early. Fork bombs are contained by the wall-clock timeout and by killing the whole group.
-- A process that calls `setsid()` itself leaves the group and escapes the group kill; run
-  the worker in a container (or a cgroup) for a hard boundary.
-- `preexec_fn` is documented as unsafe with threads; ours only calls `os.setrlimit` with
-  precomputed values (no imports, no locks), which is the one use the warning tolerates.
+  exempt from it: for a shared sandbox user it may bind too early. Fork bombs are contained
+  by the wall-clock timeout and by killing the whole group (the whole PID namespace).
+- Without `isolation`, a process that calls `setsid()` leaves the group and escapes the
+  group kill.
+- `preexec_fn` is documented as unsafe with threads; ours calls `os.setrlimit` and the
+  namespace set-up with precomputed values and forks only from the single-threaded child.
 
 If the worker receives SIGTERM while sandboxes run (a Celery revoke with `terminate=True`),
 their groups must die too: call `install_sigterm_handler()` once at worker start-up, or
