@@ -29,6 +29,7 @@ from cortex_worker.jobs import JobOptions, cancel_children, render_responses
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.gateway import open_stream
 from cortex_worker.llm.stream import ModelError, TextDelta, ToolCall, Usage, tool_call_to_protocol
+from cortex_worker.owners import dead_here, owner
 from cortex_worker.plan.stream import StreamPlanner
 from cortex_worker.protocol import parser as p
 from cortex_worker.protocol.actions import Action
@@ -50,14 +51,12 @@ CHUNK_EVENTS = {p.TEXT, p.THOUGHT_CHUNK, p.RESPONSE_CHUNK, p.THOUGHT_END, p.CONT
 def _resume(store: Store, job_id: str) -> tuple[int, list[str], bool]:
     """Begin the next turn, or take over the turn in progress if its owner died (a process
     of this host that no longer exists) or its lease expired (another host)."""
-    from cortex_worker.executor import _dead_here, owner
-
     me = owner()
     turn, finished, restarted = store.resume(job_id, me, TURN_LEASE_S)
     if turn:
         return turn, finished, restarted
     current = (store.get_job(job_id) or {}).get("turn_owner") or ""
-    if current and current != me and _dead_here(current):
+    if current and current != me and dead_here(current):
         return store.resume(job_id, me, TURN_LEASE_S, dead_owner=current)
     return 0, [], False
 
@@ -152,8 +151,6 @@ def _stop_reason(store: Store, job_id: str, agent: AgentSpec, job: dict[str, str
     """Why a generation must stop now: "ended" (cancelled or failed elsewhere, or the turn
     was taken over by another coordinator), the wall time limit, or None. `renew`: extend
     this coordinator's turn lease."""
-    from cortex_worker.executor import owner
-
     current = store.get_job(job_id) or {}
     if current.get("status") in JOB_TERMINAL:
         return "ended"

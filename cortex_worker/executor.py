@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 from cortex_worker import dispatch
 from cortex_worker.jobs import JobOptions, cancel_job, on_drained
 from cortex_worker.llm.stream import ModelError
+from cortex_worker.owners import dead_here, owner
 from cortex_worker.protocol.variables import find_references, substitute
 from cortex_worker.runtime import get_registry, get_store
 from cortex_worker.settings import get_settings
@@ -27,27 +26,7 @@ from cortex_worker.tools.errors import ToolError, ToolTimeout
 
 log = logging.getLogger(__name__)
 
-HOST = socket.gethostname()
 LEASE_GRACE_S = 30.0
-
-
-def owner() -> str:
-    """This process as a lease owner: `host:pid`."""
-    return f"{HOST}:{os.getpid()}"
-
-
-def _dead_here(lease_owner: str) -> bool:
-    """True if the lease belongs to a process of this host that no longer exists."""
-    host, _, pid = lease_owner.rpartition(":")
-    if host != HOST or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def action_timeout(spec: Mapping[str, Any]) -> float:
@@ -77,7 +56,7 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
     while True:
         claim = store.claim(job_id, action_id, owner(), lease, names)
         state = claim[0]
-        if state == "busy" and _dead_here(claim[1]):
+        if state == "busy" and dead_here(claim[1]):
             claim = store.claim(job_id, action_id, owner(), lease, names, force=True)
             state = claim[0]
         if state == "run":

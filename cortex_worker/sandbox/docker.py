@@ -21,8 +21,9 @@ Images are never pulled: a missing image fails the action with a ToolError sayin
 timeout the container is killed and `ToolTimeout` raised; whatever happens the container is
 removed (`remove(force=True)`). The first call in a process's main thread chains a SIGTERM
 handler that removes the containers of running calls (a revoked task's process gets SIGTERM),
-then calls the previous handler. A worker killed with SIGKILL cannot clean up: its containers
-keep running until removed by label.
+then calls the previous handler. A worker killed with SIGKILL cannot clean up: the next
+docker call of any worker on the same host removes the containers whose `cortex.worker` label
+names a process that no longer runs (and every minute after that).
 
 The daemon is `settings.docker_host` (`CORTEX_DOCKER_HOST`), else the SDK's environment
 (`DOCKER_HOST`, default unix:///var/run/docker.sock). It must run on the worker's machine:
@@ -49,6 +50,7 @@ from docker.models.containers import Container
 from docker.types import LogConfig, Ulimit
 from docker.utils.socket import frames_iter
 
+from cortex_worker.owners import dead_here, owner
 from cortex_worker.sandbox.process import DEFAULT_MAX_OUTPUT_BYTES, chain_sigterm
 from cortex_worker.settings import Settings
 from cortex_worker.tools.context import ToolContext
@@ -59,6 +61,7 @@ __all__ = [
     "LABEL_ACTION",
     "LABEL_JOB",
     "LABEL_TOOL",
+    "LABEL_WORKER",
     "WORKSPACE",
     "ContainerResult",
     "connect",
@@ -75,6 +78,10 @@ DEFAULT_CPUS = 1.0
 LABEL_JOB = "cortex.job_id"
 LABEL_ACTION = "cortex.action_id"
 LABEL_TOOL = "cortex.tool"
+LABEL_WORKER = "cortex.worker"
+"""The worker process that started the container, `host:pid` (see cortex_worker/owners.py)."""
+REAP_EVERY_S = 60.0
+"""How often a worker removes the containers of dead workers of its host (and at its first call)."""
 API_TIMEOUT_S = 30.0
 """Timeout of each Docker API call (not of the container's run)."""
 EXIT_GRACE_S = 10.0
@@ -191,6 +198,31 @@ def _registered(container_id: str, settings: Settings) -> Iterator[None]:
             _live.pop(container_id, None)
 
 
+_last_reap = [float("-inf")]
+
+
+def _reap_orphans(client: docker.DockerClient) -> None:
+    """Remove the containers that a worker of this host started and did not live to remove
+    (killed with SIGKILL). At most every REAP_EVERY_S; never fails the call."""
+    now = time.monotonic()
+    with _live_lock:
+        if now - _last_reap[0] < REAP_EVERY_S:
+            return
+        _last_reap[0] = now
+    try:
+        found = client.api.containers(all=True, filters={"label": LABEL_WORKER})
+    except (DockerException, requests.RequestException) as exc:
+        log.warning("cannot list containers to remove those of dead workers: %s", _reason(exc))
+        return
+    for info in found:
+        holder = (info.get("Labels") or {}).get(LABEL_WORKER, "")
+        if dead_here(holder):
+            with contextlib.suppress(DockerException, requests.RequestException):
+                client.api.remove_container(info["Id"], v=True, force=True)
+                log.warning("removed container %s of dead worker %s (job %s)", info["Id"][:12],
+                            holder, (info.get("Labels") or {}).get(LABEL_JOB))
+
+
 # ---------------------------------------------------------------- running
 
 
@@ -202,16 +234,17 @@ def container_config(
     if spec.image is None:
         raise ToolError(f"tool {spec.name!r} has no image")
     limits = spec.limits
-    owner = ctx.workspace.stat()
+    workspace = ctx.workspace.stat()
     mib = 1024 * 1024
     memory = limits.memory_mb * mib
     create = {
         "image": spec.image,
         "command": list(argv) or None,  # none: the image's CMD
-        "user": f"{owner.st_uid}:{owner.st_gid}",  # the workspace's owner, as for tools
+        "user": f"{workspace.st_uid}:{workspace.st_gid}",  # the workspace's owner, as for tools
         "working_dir": spec.workdir or WORKSPACE,
         "environment": dict(spec.env),
-        "labels": {LABEL_JOB: ctx.job_id, LABEL_ACTION: ctx.action_id, LABEL_TOOL: spec.name},
+        "labels": {LABEL_JOB: ctx.job_id, LABEL_ACTION: ctx.action_id, LABEL_TOOL: spec.name,
+                   LABEL_WORKER: owner()},
         "tty": False,
         "stdin_open": stdin,
         "detach": not stdin,  # with stdin_open: StdinOnce, stdin closes when we stop writing
@@ -264,6 +297,7 @@ def run_container(
     try:
         _check_image(client, spec, settings)
         _install_sigterm_handler()
+        _reap_orphans(client)
         try:
             host_config = client.api.create_host_config(**host)
             created = client.api.create_container(**create, host_config=host_config)

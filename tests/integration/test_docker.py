@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import http.server
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -201,6 +202,8 @@ def test_limits_while_running_then_timeout_kills_and_removes(
     labels = container.attrs["Config"]["Labels"]
     assert labels[sandbox_docker.LABEL_ACTION] == "nap"
     assert labels[sandbox_docker.LABEL_TOOL] == "box_sleep"
+    host, _, pid = labels[sandbox_docker.LABEL_WORKER].rpartition(":")
+    assert host == socket.gethostname() and pid.isdigit()  # whose container, if it dies
     owner = workspace_of(cortex_env, job_id).stat()
     assert container.attrs["Config"]["User"] == f"{owner.st_uid}:{owner.st_gid}"
 
