@@ -275,8 +275,8 @@ def _mounts(p: _Plan) -> None:
         call(p.writable, p.writable, None, MS_BIND | MS_REC)
     call("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for target, flags in mount_points():
-        if target == p.writable:
-            continue
+        if target == p.writable or target.startswith("/proc/"):
+            continue  # the fresh /proc has no submounts: these lie under it, out of reach
         try:
             call(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
         except OSError as exc:
