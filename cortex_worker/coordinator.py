@@ -204,6 +204,7 @@ def _generate(store: Store, job_id: str, job: dict[str, str], agent: AgentSpec, 
         parser = p.StreamParser(known_ids=set(planner.ids), first_action_number=len(planner.ids) + 1)
         text: list[str] = []
         usage: Usage | None = None
+        deltas = 0
         stream = open_stream(model, messages, tools=tools, base_dir=get_settings().manifests)
         check_at = time.monotonic() + STATUS_CHECK_S
         try:
@@ -216,6 +217,7 @@ def _generate(store: Store, job_id: str, job: dict[str, str], agent: AgentSpec, 
                 if isinstance(piece, Usage):
                     usage = piece
                     continue
+                deltas += 1
                 chunk = piece.text if isinstance(piece, TextDelta) else tool_call_to_protocol(piece) \
                     if isinstance(piece, ToolCall) else ""
                 text.append(chunk)
@@ -263,13 +265,24 @@ def _generate(store: Store, job_id: str, job: dict[str, str], agent: AgentSpec, 
         "reminders": str(int(job.get("reminders") or 0) + 1 if idle else 0),
         "turn_phase": "generated",
     }
+    estimated = usage is None and state.stopped_at is not None
+    if estimated:  # we closed the stream before the endpoint sent its counts
+        usage = estimate_usage(messages, deltas)
     if usage is not None:
         fields["prompt_tokens"] = str(int(job.get("prompt_tokens") or 0) + usage.prompt_tokens)
         fields["completion_tokens"] = str(int(job.get("completion_tokens") or 0) + usage.completion_tokens)
         store.emit(job_id, [("usage", {"turn": turn, "prompt_tokens": usage.prompt_tokens,
-                                       "completion_tokens": usage.completion_tokens})])
+                                       "completion_tokens": usage.completion_tokens,
+                                       **({"estimated": True} if estimated else {})})])
     store.set_job(job_id, **fields)
     return state
+
+
+def estimate_usage(messages: list[dict[str, Any]], deltas: int) -> Usage:
+    """Token counts of a generation cut short: about 4 characters per prompt token, one
+    token per streamed delta (what OpenAI-compatible endpoints send)."""
+    prompt = sum(len(str(m.get("content") or "")) for m in messages) // 4
+    return Usage(prompt_tokens=prompt, completion_tokens=deltas, total_tokens=prompt + deltas)
 
 
 def _handle(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,

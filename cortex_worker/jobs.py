@@ -24,7 +24,7 @@ from cortex_worker.protocol.document import Document, load_document
 from cortex_worker.protocol.variables import find_references, render
 from cortex_worker.relics.spec import check_relic_action
 from cortex_worker.runtime import get_registry
-from cortex_worker.settings import get_settings
+from cortex_worker.settings import Settings, get_settings
 from cortex_worker.store import DEFAULT_TENANT, Store, dumps
 from cortex_worker.tools.errors import ToolError
 from cortex_worker.tools.spec import validate_parameters
@@ -41,7 +41,8 @@ class JobOptions(BaseModel):
     canvas: bool | None = Field(default=None,
                                 description="compile series-parallel plans to a Celery canvas")
     model: str | None = Field(default=None, max_length=200,
-                              description="agent jobs: use this model instead of the manifest's")
+                              description="use this model name instead of the agent manifest's "
+                              "(documents: instead of CORTEX_DOCUMENT_MODEL's)")
 
 
 class SubmitError(ValueError):
@@ -96,10 +97,11 @@ def check_document(doc: Document) -> list[dict[str, Any]]:
             errors.extend(_problem(kind, f"action {action.id!r}: {message}", *where) for kind, message
                           in check_relic_action(registry.relics, action.name, action.parameters))
             continue
-        if action.type.value != "tool":
-            errors.append(_problem("unsupported_action", f"action {action.id!r}: {action.type.value} "
-                                   f"actions are not available to documents in this version "
-                                   f"({action.type.value} {action.name!r} cannot run)", *where))
+        if action.type.value == "llm":
+            if settings.document_model is None:
+                errors.append(_problem("unsupported_action", f"action {action.id!r}: llm actions "
+                                       "in documents need a model: set CORTEX_DOCUMENT_MODEL "
+                                       f"(llm {action.name!r} cannot run)", *where))
             continue
         spec = tools.get(action.name)
         if spec is None:
@@ -123,6 +125,17 @@ def _tenant(store: Store, tenant: str | None, parent: tuple[str, str] | None) ->
     return tenant or DEFAULT_TENANT
 
 
+def model_of_document(settings: Settings, options: JobOptions) -> dict[str, Any]:
+    """The `model` field of a document job (its llm actions'): `document_model`, with the
+    job option `model` as its model name."""
+    model = settings.document_model
+    if model is None:
+        return {}
+    if options.model:
+        model = model.model_copy(update={"model": options.model})
+    return {"model": model.model_dump(mode="json")}
+
+
 def submit_document(store: Store, text: str, *, options: JobOptions | None = None,
                     tenant: str | None = None) -> str:
     """Validate `text`, create its job and queue its start; returns the job id."""
@@ -144,6 +157,7 @@ def submit_document(store: Store, text: str, *, options: JobOptions | None = Non
         "options": options.model_dump(),
         "limit": str(options.max_parallel or settings.max_parallel_actions),
         "responses": [{"final": r["final"], "text": r["text"]} for r in doc.responses],
+        **model_of_document(settings, options),
     }, settings.event_retention_s, [("job_queued", {"kind": "document", "actions": len(doc.actions)})])
     dispatch.start_job(job_id)
     return job_id

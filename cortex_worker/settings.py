@@ -26,6 +26,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from cortex_worker.llm.config import ModelConfig
+
 #: Environment variable naming the settings file (`.toml`, `.yaml` or `.yml`).
 SETTINGS_FILE_ENV = "CORTEX_SETTINGS_FILE"
 
@@ -56,6 +58,10 @@ class Settings(BaseSettings):
     default_action_timeout_s: float = Field(default=300.0, gt=0)
     visibility_timeout_s: int = Field(default=6 * 3600, gt=0)
     canvas: bool = Field(default=True, description="compile series-parallel plans to canvas")
+
+    document_model: ModelConfig | None = Field(
+        default=None, description="the model of `type=\"llm\"` actions in documents (JSON, as "
+        "an agent manifest's `model`); without it documents cannot hold llm actions")
 
     http_allow_hosts: list[str] = Field(default_factory=list, description="http_get allow-list")
     docker_host: str | None = Field(

@@ -362,7 +362,7 @@ def _split(relics: Mapping[str, RelicSpec], name: str) -> tuple[RelicSpec, str |
 
 def _missing_operation(relic: RelicSpec) -> str:
     return (f"relic {relic.name!r}: say which operation to run, as name "
-            f"'{relic.name}.<operation>' or parameters.operation (its operations: "
+            f"'{relic.name}.<operation>' or parameters.operation (it has several: "
             f"{', '.join(sorted(relic.operations))})")
 
 
@@ -388,6 +388,8 @@ def _split_params(relic: RelicSpec, operation: str | None,
     if operation is not None:
         return operation, params
     if "operation" not in params:
+        if len(relic.operations) == 1:  # a relic of one operation answers to its name alone
+            return next(iter(relic.operations)), params
         raise RelicCallError("unknown_operation", _missing_operation(relic))
     rest = {k: v for k, v in params.items() if k != "operation"}
     return params["operation"], rest

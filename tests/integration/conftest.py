@@ -6,6 +6,7 @@ when a test asks for them, shared by the whole session, and always stopped at it
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -121,6 +122,9 @@ def cortex_env(redis_server: harness.RedisServer, fake_llm: FakeLLM,
     env["CORTEX_MANIFESTS"] = str(MANIFESTS_DIR)
     env["CORTEX_WORKSPACE_ROOT"] = str(tmp_path_factory.mktemp("workspaces"))
     env["CORTEX_TEST_LLM_URL"] = fake_llm.url
+    # llm actions in documents answer from the fake model server under the name "documents"
+    env["CORTEX_DOCUMENT_MODEL"] = json.dumps(
+        {"base_url": "${CORTEX_TEST_LLM_URL}", "model": "documents", "api_key_env": None})
     return env
 
 

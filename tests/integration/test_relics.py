@@ -168,7 +168,7 @@ def test_user_relic_operations_map_to_http(api: Any) -> None:
     (relic("x", "echo", {"message": "no operation"}), "unknown_operation",
      "action 'x': relic 'echo': say which operation to run"),
     (relic("x", "cache.get", {"key": "a"}), "unknown_relic",
-     "action 'x': unknown relic 'cache'; known relics: broken, echo, kv, missing, sql"),
+     "action 'x': unknown relic 'cache'; known relics: broken, echo, kv, log_service, missing, postgres_monitor, results_cache, sql"),
     (relic("x", "kv.set", {"key": "a"}), "invalid_parameters",
      "action 'x': relic 'kv' operation 'set': parameters: 'value' is a required property"),
     (relic("x", "echo.item", {"id": 5}), "invalid_parameters",

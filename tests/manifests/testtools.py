@@ -115,3 +115,8 @@ def flaky(key: str, failures: int = 1) -> dict[str, Any]:
     if attempt <= failures:
         raise RuntimeError(f"flaky {key!r}: attempt {attempt} of {failures} planned failures")
     return {"key": key, "attempts": attempt}
+
+
+def debug_tracer(level: str = "info") -> dict[str, Any]:
+    """A fake trace snapshot at `level` (corpus mk1_05's periodic feed)."""
+    return {"level": level, "spans": 3 + _seed(level) % 5, "slowest_ms": 40 + _seed(level) % 200}

@@ -202,7 +202,7 @@ def test_dotted_name_passes_parameters_as_they_are() -> None:
         ("kv", {"operation": 3}, "unknown_operation", "relic 'kv' has no operation 3"),
         ("kv", {"key": "a"}, "unknown_operation",
          "relic 'kv': say which operation to run, as name 'kv.<operation>' or "
-         "parameters.operation (its operations: delete, get, list, set)"),
+         "parameters.operation (it has several: delete, get, list, set)"),
         ("kv.", {}, "unknown_operation", "relic 'kv': say which operation to run"),
         ("kv.get", [1], "invalid_parameters", "relic 'kv': parameters must be an object, got list"),
         ("kv.get", {}, "invalid_parameters",
@@ -219,6 +219,16 @@ def test_bad_calls_name_what_exists(name: str, params: Any, kind: str, message: 
     assert info.value.kind == kind
     assert str(info.value).startswith(message), str(info.value)
     assert isinstance(info.value, ToolError)  # a clean action failure at run time
+
+
+def test_a_relic_of_one_operation_answers_to_its_name() -> None:
+    single = {"cache": BUILTIN_RELICS["kv"].model_copy(
+        update={"name": "cache", "operations": {"set": BUILTIN_RELICS["kv"].operations["set"]}})}
+    resolved = resolve(single, "cache", {"key": "a", "value": 1})
+    assert (resolved.relic.name, resolved.operation, resolved.params) == (
+        "cache", "set", {"key": "a", "value": 1})
+    assert check_relic_action(single, "cache", {"key": "a", "value": 1}) == []
+    assert check_relic_action(single, "cache", {"value": 1})[0][0] == "invalid_parameters"
 
 
 def test_document_check_defers_what_references_decide() -> None:

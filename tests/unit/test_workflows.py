@@ -16,6 +16,7 @@ from cortex_api.app import create_app
 from cortex_api.models import JobCreate
 from cortex_api.routes.registry import registry_dep
 from cortex_worker import jobs
+from cortex_worker.llm.config import ModelConfig
 from cortex_worker.manifests import (
     UnknownWorkflowError,
     load_registry,
@@ -566,3 +567,22 @@ def test_workflow_routes(client: TestClient) -> None:
     missing = client.get("/v1/workflows/ghost")
     assert missing.status_code == 404
     assert missing.json()["detail"]["message"] == "workflow 'ghost' not found"
+
+
+def test_llm_actions_in_documents_need_themodel_of_document(
+        test_registry: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = ('<action type="llm" id="sum">{"name": "summarize", "parameters": {"prompt": "x"}}'
+            '</action>')
+    monkeypatch.setattr(jobs, "get_settings", lambda: Settings(document_model=None))
+    errors = jobs.check_document(load_document(text))
+    assert [e["kind"] for e in errors] == ["unsupported_action"]
+    assert "set CORTEX_DOCUMENT_MODEL" in errors[0]["message"]
+    model = ModelConfig(base_url="http://127.0.0.1:9/v1", model="docs", api_key_env=None)
+    settings = Settings(document_model=model)
+    monkeypatch.setattr(jobs, "get_settings", lambda: settings)
+    assert jobs.check_document(load_document(text)) == []
+    # the job option `model` names another model at the same endpoint
+    field = jobs.model_of_document(settings, jobs.JobOptions(model="bigger"))
+    assert field["model"]["model"] == "bigger"
+    assert field["model"]["base_url"] == "http://127.0.0.1:9/v1"
+    assert jobs.model_of_document(Settings(document_model=None), jobs.JobOptions()) == {}
