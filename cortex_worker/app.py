@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
+from cortex_worker import broker
 from cortex_worker.settings import Settings, get_settings
 
 POOLS = ("agent", "tool", "llm", "relic", "docker")
@@ -22,6 +23,7 @@ def restore_lock_expiry(visibility_timeout_s: int) -> int:
 def create_app(settings: Settings | None = None) -> Celery:
     """Build the Celery app for `settings` (the environment's by default)."""
     settings = settings or get_settings()
+    broker.install()
     app = Celery("cortex", broker=settings.broker, backend=settings.redis_url,
                  include=["cortex_worker.tasks"])
     app.conf.update(

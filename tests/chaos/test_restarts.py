@@ -60,7 +60,7 @@ def test_redis_restart_mid_job(stack: Stack) -> None:
     clients = [SSEClient(stack.url, doc_id), SSEClient(stack.url, agent_id)]
     stack.wait_event(doc_id, lambda e: e["type"] == "action_completed"
                      and e["data"]["action_id"] == "a")
-    supervised = stack.supervise()  # kombu 5.7 may crash a worker on connection loss
+    supervised = stack.supervise()  # replaces a worker that dies, so a crash reads clearly
     try:
         stopped_at = time.time()
         stack.redis.stop()  # SIGTERM: Redis writes and syncs the AOF before it exits
@@ -80,9 +80,10 @@ def test_redis_restart_mid_job(stack: Stack) -> None:
         "restart -> both jobs ended (s)": round(time.time() - back_at, 2),
         "SSE reconnects": sum(c.connects - 1 for c in clients),
         "workers that crashed and were replaced": len(replaced)}
-    if not replaced:  # no worker crashed: no action ran twice
-        for log in (doc_log, agent_log):
-            assert all(e["data"]["attempt"] == 1 for e in of(log, "action_started"))
+    # kombu 5.7 crashed a worker in ~1 of 3 restarts before cortex_worker/broker.py
+    assert replaced == [], f"workers crashed on the Redis restart: {replaced}"
+    for log in (doc_log, agent_log):  # so no action ran twice
+        assert all(e["data"]["attempt"] == 1 for e in of(log, "action_started"))
 
 
 def test_api_restart_while_clients_follow(stack: Stack) -> None:
