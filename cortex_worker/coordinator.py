@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from cortex_worker import dispatch, feeds
 from cortex_worker.agents.prompt import (
     PROTOCOL_REMINDER,
@@ -86,19 +88,26 @@ def run_turns(store: Store, job_id: str) -> None:
         except Exception as exc:
             end_job(store, job_id, "failed", error=str(exc), turns=turn - 1)
             return
-        if phase == "resumed":
-            if _close_previous_turn(store, job_id, job, agent, turn):
-                return
-            store.set_job(job_id, turn_phase="generating")
-        if phase != "generated":
-            try:
+        try:
+            if phase == "resumed":
+                if _close_previous_turn(store, job_id, job, agent, turn):
+                    return
+                store.set_job(job_id, turn_phase="generating")
+            if phase != "generated":
                 turn_state = _generate(store, job_id, job, agent, turn, finished,
                                        restarted=restarted)
-            except ModelError as exc:
-                end_job(store, job_id, "failed", error=f"model error: {exc}")
-                return
-            if turn_state is None:
-                return
+                if turn_state is None:
+                    return
+        except ModelError as exc:
+            end_job(store, job_id, "failed", error=f"model error: {exc}")
+            return
+        except RedisError:
+            raise  # the store is unreachable: nothing can be recorded (redis-py retried)
+        except Exception as exc:  # a bug must end the job, never leave it running forever
+            log.exception("job %s: turn %s failed", job_id, turn)
+            end_job(store, job_id, "failed", turns=turn,
+                    error=f"internal error in turn {turn}: {type(exc).__name__}: {exc}")
+            return
         if not store.register(job_id, [], close=True).drained:
             return  # the last awaited action to finish sends the next turn
 
@@ -334,23 +343,10 @@ def _coalesce(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[s
 
 def _refusal(agent: AgentSpec, action: Action, depth: int) -> str | None:
     """Why this agent may not run this action, or None."""
-    kind, name = action.type.value, action.name
-    if kind == "tool" and name not in agent.tools:
-        return f"tool {name!r} is not available to agent {agent.name!r} (it may use: " \
-               f"{', '.join(agent.tools) or 'no tools'})"
-    if kind == "agent":
-        if name not in agent.agents:
-            return f"agent {name!r} is not available to agent {agent.name!r}"
-        if depth + 1 > agent.max_depth:
-            return f"agent nesting depth limit ({agent.max_depth}) reached"
-    if kind == "internal" and not agent.internal_actions.permits(name):
-        return f"internal action {name!r} is not allowed for agent {agent.name!r} (see its " \
-               "manifest's internal_actions)"
-    if kind == "relic" and name.split(".", 1)[0] not in agent.relics:
-        return f"relic {name!r} is not available to agent {agent.name!r}"
-    if kind == "workflow" and name not in agent.workflows:
-        return f"workflow {name!r} is not available to agent {agent.name!r}"
-    return None
+    if action.type.value == "agent" and action.name in agent.agents \
+            and depth + 1 > agent.max_depth:
+        return f"agent nesting depth limit ({agent.max_depth}) reached"
+    return agent.refusal(action.type.value, action.name)
 
 
 def _start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,

@@ -9,6 +9,7 @@ a `warning` event; the job goes on.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from datetime import UTC, datetime
@@ -78,8 +79,9 @@ def parse_feed(data: Any) -> FeedSpec:
 
 # -- values ---------------------------------------------------------------------------------
 def compute(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> Any:
-    """The feed's current value (from the agent-wide cache while fresh); errors become values."""
-    cache = f"cx:feedcache:{agent or 'documents'}:{feed.id}"
+    """The feed's current value (from the cache its agent's jobs share while fresh); errors
+    become values."""
+    cache = _cache_key(store, job_id, agent, feed)
     if feed.cache_ttl:
         cached = store.redis.get(cache)
         if cached is not None:
@@ -92,8 +94,17 @@ def compute(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> Any
         return {"error": f"context feed {feed.id!r} failed: {exc}"}
     value = truncate(value, feed.max_tokens)
     if feed.cache_ttl:
-        store.redis.set(cache, dumps(value), px=int(feed.cache_ttl * 1000))
+        store.redis.set(cache, dumps(value), px=max(1, round(feed.cache_ttl * 1000)))
     return value
+
+
+def _cache_key(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> str:
+    """Jobs share a cached value when they have the same tenant and agent, and the feed the
+    same id, source and size limit."""
+    tenant = (store.get_job(job_id) or {}).get("tenant") or ""
+    what = dumps([feed.source.model_dump(mode="json"), feed.max_tokens])
+    digest = hashlib.sha256(what.encode()).hexdigest()[:16]
+    return f"cx:feedcache:{tenant}:{agent or 'documents'}:{feed.id}:{digest}"
 
 
 def truncate(value: Any, max_tokens: int | None) -> Any:
@@ -107,6 +118,17 @@ def truncate(value: Any, max_tokens: int | None) -> Any:
     return f"{text[:limit]}…[truncated to {max_tokens} tokens]"
 
 
+def refusal(agent: str | None, feed: FeedSpec) -> str | None:
+    """Why the agent may not add (at run time) a feed with this source: the tools, relics and
+    workflows its manifest lists bind feeds as they bind actions. None if it may. The
+    manifest's own feeds are the operator's choice and are not checked; documents have no
+    lists."""
+    spec = get_registry().agents.get(agent) if agent else None
+    if spec is None or feed.source.type in ("internal", "llm"):
+        return None
+    return spec.refusal(feed.source.type, feed.source.name)
+
+
 def _source(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> Any:
     source = feed.source
     if source.type == "internal":
@@ -114,15 +136,28 @@ def _source(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> Any
     spec = {"id": f"feed:{feed.id}", "type": source.type, "name": source.name,
             "parameters": source.params, "agent": agent, "depth": 0}
     if source.type == "llm":
-        model = get_registry().agent(agent).model if agent else None
-        if model is None:
-            raise FeedError("llm feeds need an agent's model")
-        spec["model"] = model.model_dump(mode="json")
+        spec["model"] = _model(store, job_id, agent)
     if source.type == "workflow":
         return _run_workflow(store, job_id, source.name, source.params)
     from cortex_worker import dispatch
 
     return dispatch.invoke(spec, timeout=SOURCE_TIMEOUT_S, job_id=job_id)
+
+
+def _model(store: Store, job_id: str, agent: str | None) -> dict[str, Any]:
+    """The model of the job's llm actions: a document's or workflow's own, else the agent's
+    with the job option `model` applied."""
+    job = store.get_job(job_id) or {}
+    if job.get("model"):
+        return json.loads(job["model"])
+    spec = get_registry().agents.get(agent) if agent else None
+    if spec is None:
+        raise FeedError("llm feeds need a model: an agent's, or CORTEX_DOCUMENT_MODEL in "
+                        "documents")
+    options = json.loads(job.get("options") or "{}")
+    model = spec.model.model_copy(update={"model": options["model"]}) \
+        if options.get("model") else spec.model
+    return model.model_dump(mode="json")
 
 
 def _internal(store: Store, job_id: str, name: str) -> Any:

@@ -43,7 +43,7 @@ def delete_variable(store: Store, call: Call, params: dict[str, Any]) -> Any:
 
 def add_context_feed(store: Store, call: Call, params: dict[str, Any]) -> Any:
     agent = call.spec.get("agent")
-    feed = _feed(params)
+    feed = _allowed(agent, _feed(params))
     if feed.id in feeds.job_feeds(store, call.job_id, agent):
         raise ToolError(f"context feed {feed.id!r} exists already; use update_context_feed")
     generation = feeds.save_feed(store, call.job_id, feed, feed.id)
@@ -60,6 +60,8 @@ def update_context_feed(store: Store, call: Call, params: dict[str, Any]) -> Any
     if current is None:
         raise ToolError(f"no context feed {feed_id!r}; add it with add_context_feed")
     feed = _feed({**current.model_dump(mode="json"), **params})
+    if feed.source != current.source:
+        _allowed(agent, feed)
     generation = feeds.save_feed(store, call.job_id, feed, feed.id)
     feeds.schedule_periodic(call.job_id, {feed.id: feed}, {feed.id: generation})
     return {"feed": feed.model_dump(mode="json", exclude_none=True)}
@@ -84,6 +86,13 @@ def clear_context(store: Store, call: Call, params: dict[str, Any]) -> Any:
     dropped = store.redis.llen(key)
     store.redis.delete(key)
     return {"cleared_messages": dropped}
+
+
+def _allowed(agent: str | None, feed: feeds.FeedSpec) -> feeds.FeedSpec:
+    refused = feeds.refusal(agent, feed)
+    if refused:
+        raise ToolError(f"context feed {feed.id!r}: {refused}")
+    return feed
 
 
 def _feed(params: dict[str, Any]) -> feeds.FeedSpec:

@@ -42,7 +42,8 @@ class FeedSpec(BaseModel):
     type: Literal["on_demand", "periodic"] = "on_demand"
     source: FeedSource
     interval: float | None = Field(default=None, gt=0)
-    cache_ttl: float | None = Field(default=None, ge=0)
+    cache_ttl: float | None = Field(default=None, ge=0, description="seconds (0: no cache); "
+                                    "shared by the jobs of the agent (and tenant)")
     max_tokens: int | None = Field(default=None, gt=0)
     enabled: bool = True
 
@@ -69,3 +70,19 @@ class AgentSpec(BaseModel):
     max_depth: int = Field(default=3, ge=0, le=20, description="nesting of agent actions")
     context_feeds: list[FeedSpec] = Field(default_factory=list)
     internal_actions: InternalActionPolicy = Field(default_factory=InternalActionPolicy)
+
+    def refusal(self, kind: str, name: str) -> str | None:
+        """Why this agent may not use the `kind` (action or feed source type) `name`, or None."""
+        if kind == "tool" and name not in self.tools:
+            return f"tool {name!r} is not available to agent {self.name!r} (it may use: " \
+                   f"{', '.join(self.tools) or 'no tools'})"
+        if kind == "agent" and name not in self.agents:
+            return f"agent {name!r} is not available to agent {self.name!r}"
+        if kind == "internal" and not self.internal_actions.permits(name):
+            return f"internal action {name!r} is not allowed for agent {self.name!r} (see its " \
+                   "manifest's internal_actions)"
+        if kind == "relic" and name.split(".", 1)[0] not in self.relics:
+            return f"relic {name!r} is not available to agent {self.name!r}"
+        if kind == "workflow" and name not in self.workflows:
+            return f"workflow {name!r} is not available to agent {self.name!r}"
+        return None

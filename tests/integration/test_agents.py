@@ -25,6 +25,7 @@ from cortex_worker.agents.prompt import PROTOCOL_REMINDER
 from tests import harness
 from tests.fake_llm import FakeLLM, Turn
 from tests.integration.test_documents import follow, of, one
+from tests.manifest_helpers import TEST_AGENTS
 
 FAST = 2000.0  # tokens per second (of 4 characters): a turn streams in a few milliseconds
 CHUNKS = {"thought_chunk", "response_chunk", "text"}
@@ -689,9 +690,7 @@ def test_a_server_error_before_the_stream_is_retried_transparently(api: Any, llm
 
 def test_agents_are_listed_and_unknown_ones_rejected(api: Any) -> None:
     listed = httpx.get(f"{api.url}/v1/agents").json()["items"]
-    assert [a["name"] for a in listed] == [
-        "analyzer", "blocked", "comprehensive_analyzer", "correlation_analyzer", "data_analyzer",
-        "error_analyzer", "feeder", "hasty", "helper", "native", "pattern_analyzer", "tester"]
+    assert [a["name"] for a in listed] == TEST_AGENTS
     tester = next(a for a in listed if a["name"] == "tester")
     assert tester["model"] == {"provider": "openai", "model": "tester",
                                "base_url": "${CORTEX_TEST_LLM_URL}", "native_tools": False,

@@ -120,3 +120,14 @@ def flaky(key: str, failures: int = 1) -> dict[str, Any]:
 def debug_tracer(level: str = "info") -> dict[str, Any]:
     """A fake trace snapshot at `level` (corpus mk1_05's periodic feed)."""
     return {"level": level, "spans": 3 + _seed(level) % 5, "slowest_ms": 40 + _seed(level) % 200}
+
+
+def count_calls(key: str) -> dict[str, Any]:
+    """Counts its calls per `key` in the job workspace (`.count_calls/<key>.count`, readable by
+    a test; nothing outside the workspace is writable). Returns the key, the count, and the
+    job (the workspace's name) that ran it: a value from a cache names the job that made it."""
+    counter = Path(".count_calls") / f"{key}.count"
+    counter.parent.mkdir(exist_ok=True)
+    calls = int(counter.read_text()) + 1 if counter.exists() else 1
+    counter.write_text(str(calls))
+    return {"key": key, "calls": calls, "job": Path.cwd().name}

@@ -12,7 +12,13 @@ from cortex_api.routes.registry import registry_dep
 from cortex_worker.manifests import ManifestError, Registry, UnknownAgentError, load_registry
 from cortex_worker.settings import Settings
 from cortex_worker.tools import BUILTINS
-from tests.manifest_helpers import EXAMPLE_MANIFESTS, TEST_MANIFESTS, load_error, write
+from tests.manifest_helpers import (
+    EXAMPLE_MANIFESTS,
+    TEST_AGENTS,
+    TEST_MANIFESTS,
+    load_error,
+    write,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -30,8 +36,7 @@ def _chdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_test_manifests_load_without_expanding_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CORTEX_TEST_LLM_URL", raising=False)
     registry = load_registry(TEST_MANIFESTS)
-    assert set(registry.agents) == {"tester", "helper", "native", "blocked", "feeder", "hasty",
-                                    "data_analyzer", "analyzer"}
+    assert sorted(registry.agents) == TEST_AGENTS
     tester = registry.agent("tester")
     assert tester.model.base_url == "${CORTEX_TEST_LLM_URL}"
     assert tester.model.model == "tester" and tester.model.api_key_env is None
@@ -205,8 +210,7 @@ def test_list_agents(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> Non
     response = client.get("/v1/agents")
     assert response.status_code == 200
     items = response.json()["items"]
-    assert [item["name"] for item in items] == ["analyzer", "blocked", "data_analyzer",
-                                                   "feeder", "hasty", "helper", "native", "tester"]
+    assert [item["name"] for item in items] == TEST_AGENTS
     tester = items[-1]
     assert tester["model"]["base_url"] == "${CORTEX_TEST_LLM_URL}"
     assert tester["model"]["provider"] == "openai" and tester["model"]["model"] == "tester"

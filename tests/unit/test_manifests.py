@@ -17,8 +17,9 @@ CORPUS = REPO_ROOT.parent / "shared" / "corpus"
 
 TEST_TOOLS = {
     "web_scraper", "arxiv_search", "news_api", "api_call", "data_collector", "quick_analyzer",
-    "log_aggregator", "metrics_collector", "debug_tracer", "fail", "flaky", "word_count",
-    "box_echo", "box_wc", "box_sleep", "box_sh", "box_net", "box_net_host", "box_missing",
+    "log_aggregator", "metrics_collector", "debug_tracer", "fail", "flaky", "count_calls",
+    "word_count", "box_echo", "box_wc", "box_sleep", "box_sh", "box_net", "box_net_host",
+    "box_missing",
 }  # fmt: skip
 
 

@@ -39,7 +39,13 @@ from cortex_worker.relics.spec import (
 from cortex_worker.settings import Settings
 from cortex_worker.tools.errors import ToolError, ToolTimeout
 from tests import harness
-from tests.manifest_helpers import EXAMPLE_MANIFESTS, TEST_MANIFESTS, load_error, write
+from tests.manifest_helpers import (
+    EXAMPLE_MANIFESTS,
+    TEST_MANIFESTS,
+    TEST_RELICS,
+    load_error,
+    write,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -588,7 +594,7 @@ def test_relic_routes() -> None:
     app.dependency_overrides[registry_dep] = lambda: load_registry(TEST_MANIFESTS)
     client = TestClient(app)
     items = client.get("/v1/relics").json()["items"]
-    assert [i["name"] for i in items] == ["broken", "echo", "kv", "missing", "sql"]
+    assert [i["name"] for i in items] == sorted([*TEST_RELICS, "kv", "sql"])
     kv = next(i for i in items if i["name"] == "kv")
     assert kv["builtin"] is True and kv["runtime"] == "builtin"
     assert kv["operations"]["set"]["method"] is None
