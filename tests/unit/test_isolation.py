@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -234,3 +235,51 @@ def test_as_the_sandbox_user_behind_a_closed_directory(workspaces: Path, tmp_pat
     assert out[0] == str(NOBODY[0]) and out[1] == "no-root"
     assert out[2] == "bin"  # the closed directory shows only what the tool needs
     assert "No such file" in out[3]
+
+
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+DRIVER = """
+import subprocess, sys
+from pathlib import Path
+import isolation
+ws = Path(sys.argv[1])
+script = "id -u; (echo x > /tmp/cortex-userns-x) 2>&1; echo ok > out.txt; ls /proc | grep -c '^[0-9]'"
+r = subprocess.run(["/bin/sh", "-c", script + "; ls " + str(ws.parent)], cwd=ws,
+                   preexec_fn=isolation.plan(isolation.Isolation(writable=ws, hide=ws.parent)),
+                   capture_output=True, env={"PATH": "/usr/bin:/bin"})
+print(r.returncode, r.stdout.decode(), r.stderr.decode(), sep="\\n")
+"""
+
+
+@needs_root
+@pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="needs a system python3 any user may run")
+def test_an_unprivileged_worker_isolates_through_a_user_namespace(tmp_path: Path) -> None:
+    """A worker that is not root (here: nobody, running the stdlib-only isolation module with
+    the system Python) gets the same isolation from an unprivileged user namespace."""
+    assert NOBODY is not None
+    base = Path(tempfile.mkdtemp(prefix="cortex-userns-"))  # pytest's tmp is closed to nobody
+    try:
+        base.chmod(0o755)
+        (base / "mod").mkdir()
+        shutil.copy(isolation.__file__, base / "mod" / "isolation.py")
+        (base / "mod" / "driver.py").write_text(DRIVER)
+        for path in (base / "mod", base / "mod" / "isolation.py", base / "mod" / "driver.py"):
+            path.chmod(0o755)
+        workspace = base / "ws"
+        workspace.mkdir()
+        os.chown(workspace, *NOBODY)
+        result = subprocess.run([str(SYSTEM_PYTHON), str(base / "mod" / "driver.py"),
+                                 str(workspace)], user=NOBODY[0], group=NOBODY[1],
+                                extra_groups=[], capture_output=True, text=True, timeout=30,
+                                cwd=base, env={"PATH": "/usr/bin:/bin"})
+        if "cannot create namespaces" in result.stdout:
+            pytest.skip(f"unprivileged user namespaces are off here: {result.stdout.strip()}")
+        code, uid, denied, pids, listed, *_ = result.stdout.split("\n")
+        assert code == "0", result
+        assert uid == str(NOBODY[0])  # mapped to itself: files stay the worker's
+        assert denied.endswith("Read-only file system")
+        assert int(pids) <= 5  # the sandbox's own: init, sh, ls, grep
+        assert listed == "ws"  # the module directory beside it is hidden
+        assert (workspace / "out.txt").stat().st_uid == NOBODY[0]
+    finally:
+        shutil.rmtree(base)
