@@ -177,7 +177,9 @@ def _internal(store: Store, job_id: str, name: str) -> Any:
 
 
 def _run_workflow(store: Store, job_id: str, name: str, inputs: dict[str, Any]) -> Any:
-    from cortex_worker.jobs import JobOptions, submit_workflow
+    """Run the workflow as a job of the same tenant and wait for its output; it is cancelled
+    if it outlives SOURCE_TIMEOUT_S or the job that wants it ends first."""
+    from cortex_worker.jobs import JobOptions, cancel_job, submit_workflow
 
     tenant = (store.get_job(job_id) or {}).get("tenant")
     child = submit_workflow(store, name, inputs, options=JobOptions(), tenant=tenant)
@@ -192,7 +194,11 @@ def _run_workflow(store: Store, job_id: str, name: str, inputs: dict[str, Any]) 
                 return json.loads(result)
             except ValueError:
                 return result
+        if (store.get_job(job_id) or {}).get("status") in JOB_TERMINAL:
+            cancel_job(store, child, reason=f"job {job_id} that wanted this feed ended")
+            raise FeedError(f"job {job_id} ended before workflow {name!r} did")
         time.sleep(0.05)
+    cancel_job(store, child, reason=f"a context feed waited {SOURCE_TIMEOUT_S:g} s for it")
     raise FeedError(f"workflow {name!r} did not finish within {SOURCE_TIMEOUT_S:g} s")
 
 

@@ -9,6 +9,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from tests import harness
 from tests.fake_llm import FakeLLM
 from tests.integration.test_agents import (
     act,
@@ -17,6 +20,7 @@ from tests.integration.test_agents import (
     llm,  # noqa: F401  (fixture)
     messages,
     run_agent,
+    start,
     turn,
     unique,
 )
@@ -293,3 +297,27 @@ def test_an_llm_feed_in_a_document_asks_the_document_model(
     _, events = run(api, doc)
     assert events[-1]["type"] == "job_completed", events[-1]
     assert one(events, "response_end")["data"]["text"] == "a summary"
+
+
+def test_a_workflow_feed_is_cancelled_with_the_job_that_waits_for_it(
+        api: Any, llm: FakeLLM) -> None:  # noqa: F811
+    model = unique("wfcancel")
+    feed = {"id": "slow", "source": {"type": "workflow", "name": "sleepy",
+                                     "params": {"seconds": 30}}}
+    llm.script(model, [turn(act("add", "add_context_feed", feed, kind="internal")),
+                       turn(final("never"))])
+    job_id = start(api, "feed_lab", "go", model=model)
+
+    def the_workflow() -> str | None:
+        running = httpx.get(f"{api.url}/v1/jobs?status=running&limit=20", timeout=10).json()
+        for item in running["items"]:
+            job = httpx.get(f"{api.url}/v1/jobs/{item['id']}", timeout=10).json()
+            if job["kind"] == "workflow" and any(a["id"] == "nap" for a in job["actions"]):
+                return str(item["id"])
+        return None
+
+    child = harness.wait_until(the_workflow, timeout=15)
+    assert httpx.post(f"{api.url}/v1/jobs/{job_id}/cancel", timeout=10).status_code == 200
+    # the feed's wait notices within its poll and cancels the workflow it started
+    harness.wait_until(lambda: httpx.get(f"{api.url}/v1/jobs/{child}", timeout=10).json()[
+        "status"] == "cancelled", timeout=10)
