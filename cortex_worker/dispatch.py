@@ -51,8 +51,10 @@ def send(job_id: str, specs: Iterable[Mapping[str, Any]], countdown: float | Non
 def send_canvas(job_id: str, step: Step, specs: Mapping[str, Mapping[str, Any]]) -> None:
     """Send a whole series-parallel plan as one canvas mirroring its structure."""
     def signature(action_id: str) -> Any:
-        return app.signature(CANVAS_TASK, args=[job_id, action_id, None, False],
-                             immutable=True, **_options(job_id, specs[action_id]))
+        # small: a chain's message carries every later step, so no argsrepr (the args are
+        # the job and action ids already) and no default arguments
+        return app.signature(CANVAS_TASK, args=[job_id, action_id], immutable=True,
+                             queue=queue_of(specs[action_id]), task_id=task_id(job_id, action_id))
 
     to_canvas(step, signature).apply_async()
 

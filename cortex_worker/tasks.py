@@ -30,7 +30,7 @@ def run_action(job_id: str, action_id: str, spec: dict[str, Any], trigger: bool 
     return executor.execute(job_id, action_id, spec, trigger)
 
 
-@app.task(name="cortex.action.canvas")
+@app.task(name="cortex.action.canvas", ignore_result=True)
 def run_canvas_action(job_id: str, action_id: str, spec: dict[str, Any] | None = None,
                       trigger: bool = False) -> str:
     """Run one action as a step of a canvas (Celery sends the next steps)."""
