@@ -191,8 +191,14 @@ def _fork(what: str) -> int:
         raise  # unreachable
 
 
+_RESET = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+          signal.SIGUSR2)
+
+
 def _relay(p: _Plan) -> None:
     """The process subprocess forked: new namespaces, then wait for the init and exit alike."""
+    for sig in _RESET:  # the worker's Python handlers must not run in the sandbox's processes
+        signal.signal(sig, signal.SIG_DFL)
     _check(p.libc.unshare(p.flags), "cannot create namespaces (unshare)")
     if p.maps is not None:
         _write("/proc/self/setgroups", b"deny")

@@ -283,3 +283,36 @@ def test_an_unprivileged_worker_isolates_through_a_user_namespace(tmp_path: Path
         assert (workspace / "out.txt").stat().st_uid == NOBODY[0]
     finally:
         shutil.rmtree(base)
+
+
+@needs_namespaces
+def test_a_signal_to_the_relay_ends_the_sandbox_as_that_signal(workspaces: Path) -> None:
+    """The relay runs the default action, not the worker's Python handlers: SIGTERM to it
+    ends the sandbox (its group is then killed), instead of being swallowed."""
+    import signal
+    import threading
+
+    from cortex_worker.sandbox.process import live_groups
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a worker-like handler
+    try:
+        found: list[int] = []
+
+        def terminate_soon() -> None:
+            for _ in range(200):
+                groups = live_groups()
+                if groups:
+                    time.sleep(0.3)  # the tool is running
+                    found.extend(groups)
+                    for group in groups:  # the relay alone: it leads the group
+                        os.kill(group, signal.SIGTERM)
+                    return
+                time.sleep(0.01)
+
+        thread = threading.Thread(target=terminate_soon)
+        thread.start()
+        result = run_py("import time; time.sleep(20)", workspaces / "mine", timeout=30)
+        thread.join()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert found and result.killed_by == "SIGTERM" and result.duration_s < 10
