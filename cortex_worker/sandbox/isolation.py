@@ -125,7 +125,8 @@ def plan(isolation: Isolation) -> Callable[[], None]:
     except (OSError, ValueError):
         cap_last = 40
     user = isolation.user if os.geteuid() == 0 else None
-    p = _Plan(flags=flags, writable=str(isolation.writable), veils=veils(isolation, user),
+    p = _Plan(flags=flags, writable=str(isolation.writable.resolve()),
+              veils=veils(isolation, user),
               user=user, maps=maps,
               cap_last=cap_last, max_fd=os.sysconf("SC_OPEN_MAX"), libc=_libc())
     return lambda: _relay(p)
@@ -138,7 +139,8 @@ def veils(isolation: Isolation, user: tuple[int, int] | None) -> list[tuple[str,
     hidden: dict[str, set[str]] = {}
     if isolation.hide is not None:
         hidden[str(isolation.hide)] = set()
-    needed = [isolation.writable, *isolation.readable]
+    # a path that does not exist needs no binding (a missing command fails as it would)
+    needed = [isolation.writable, *(p for p in isolation.readable if p.exists())]
     for path in (p.resolve() for p in needed):
         closed = _closed_ancestor(path) if user is not None else None
         if closed is not None:

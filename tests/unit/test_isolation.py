@@ -195,10 +195,15 @@ def test_exit_status_signals_limits_and_timeouts_come_through(workspaces: Path) 
 
 @needs_namespaces
 def test_a_set_up_failure_is_a_sandbox_error(workspaces: Path, tmp_path: Path) -> None:
+    a_file = workspaces / "theirs" / "secret.txt"  # cannot be shown as an empty directory
     with pytest.raises(SandboxError, match="cannot set up the filesystem"):
         run_sandboxed(["true"], cwd=workspaces / "mine", timeout=10,
-                      isolation=Isolation(writable=workspaces / "mine", hide=workspaces,
-                                          readable=(workspaces / "gone",)))
+                      isolation=Isolation(writable=workspaces / "mine", hide=a_file))
+    # a command that does not exist fails as it does without namespaces
+    with pytest.raises(SandboxError, match="command not found"):
+        run_sandboxed(["/nonexistent/tool"], cwd=workspaces / "mine", timeout=10,
+                      isolation=Isolation(writable=workspaces / "mine",
+                                          readable=(Path("/nonexistent/tool"),)))
 
 
 # ---------------------------------------------------------------- privileges
