@@ -81,8 +81,8 @@ def parse_feed(data: Any) -> FeedSpec:
 def compute(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> Any:
     """The feed's current value (from the cache its agent's jobs share while fresh); errors
     become values."""
-    cache = _cache_key(store, job_id, agent, feed)
-    if feed.cache_ttl:
+    cache = _cache_key(store, job_id, agent, feed) if feed.cache_ttl else ""
+    if cache:
         cached = store.redis.get(cache)
         if cached is not None:
             return json.loads(cached)
@@ -93,7 +93,7 @@ def compute(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> Any
                                          "message": f"context feed {feed.id!r} failed: {exc}"})])
         return {"error": f"context feed {feed.id!r} failed: {exc}"}
     value = truncate(value, feed.max_tokens)
-    if feed.cache_ttl:
+    if cache:
         store.redis.set(cache, dumps(value), px=max(1, round(feed.cache_ttl * 1000)))
     return value
 
