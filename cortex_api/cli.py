@@ -114,6 +114,14 @@ def worker(
     if pool not in POOLS:
         raise typer.BadParameter(f"unknown pool {pool!r}; choose one of {', '.join(POOLS)}")
     _check_manifests()
+    if pool == "tool":
+        from cortex_worker.settings import get_settings
+        from cortex_worker.tools.sandboxed import describe_isolation
+
+        ok, line = describe_isolation(get_settings())
+        console.print(line if ok else f"[red]{line}[/]", highlight=False)
+        if not ok:
+            raise typer.Exit(2)
     argv = ["worker", "-Q", pool, "-n", hostname or f"{pool}@%h", f"--loglevel={loglevel}",
             "--without-gossip", "--without-mingle"]
     # The agent and llm pools wait on models (I/O): threads carry many jobs per process.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
@@ -13,6 +14,7 @@ from cortex_worker.sandbox.isolation import Isolation
 from cortex_worker.sandbox.limits import Limits
 from cortex_worker.sandbox.process import SandboxError, SandboxResult, run_sandboxed
 from cortex_worker.sandbox.runner import parse_last_line
+from cortex_worker.settings import Settings
 from cortex_worker.tools.context import ToolContext, tool_user
 from cortex_worker.tools.errors import ToolError, ToolTimeout
 
@@ -50,6 +52,26 @@ def isolation_for(ctx: ToolContext, *, network: bool = False,
         p.resolve().is_relative_to(root) for p in readable) else None
     return Isolation(writable=ctx.workspace, hide=hide, readable=readable, network=not network,
                      user=tool_user(ctx.settings))
+
+
+def describe_isolation(settings: Settings) -> tuple[bool, str]:
+    """(whether tools may run, a line saying how they are isolated), for a tool worker's
+    start-up: `required` without namespaces may not run."""
+    mode = settings.sandbox_isolation
+    if mode == "off":
+        return True, "tool sandbox: namespaces off (CORTEX_SANDBOX_ISOLATION=off)"
+    reason = isolation.unavailable_reason()
+    if reason is not None:
+        line = f"tool sandbox: NO namespaces here ({reason})"
+        if mode == "required":
+            return False, line + "; CORTEX_SANDBOX_ISOLATION=required: not starting"
+        return True, line + "; tools see the worker's processes, files and network"
+    user = tool_user(settings)
+    who = f"uid {user[0]} ({settings.sandbox_user})" if user else \
+        f"uid {os.geteuid()} without capabilities"
+    return True, ("tool sandbox: own PID, mount, IPC, UTS and (unless `network: host`) "
+                  "network namespaces, read-only "
+                  f"filesystem but the job workspace; tools run as {who}")
 
 
 @cache

@@ -321,3 +321,20 @@ def test_a_signal_to_the_relay_ends_the_sandbox_as_that_signal(workspaces: Path)
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert found and result.killed_by == "SIGTERM" and result.duration_s < 10
+
+
+def test_a_tool_worker_says_how_tools_are_isolated(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cortex_worker.settings import Settings
+    from cortex_worker.tools.sandboxed import describe_isolation
+
+    assert describe_isolation(Settings(sandbox_isolation="off")) == (
+        True, "tool sandbox: namespaces off (CORTEX_SANDBOX_ISOLATION=off)")
+    monkeypatch.setattr(isolation, "unavailable_reason", lambda: "unshare: EPERM")
+    ok, line = describe_isolation(Settings(sandbox_isolation="required"))
+    assert not ok and "NO namespaces here (unshare: EPERM)" in line and "not starting" in line
+    ok, line = describe_isolation(Settings(sandbox_isolation="auto"))
+    assert ok and "tools see the worker's processes" in line
+    monkeypatch.setattr(isolation, "unavailable_reason", lambda: None)
+    ok, line = describe_isolation(Settings(sandbox_user=""))
+    assert ok and "read-only filesystem but the job workspace" in line
+    assert f"uid {os.geteuid()} without capabilities" in line
