@@ -211,8 +211,8 @@ def test_a_cached_feed_is_shared_by_the_jobs_of_an_agent_until_its_ttl_runs_out(
         api: Any, llm: FakeLLM, cortex_env: dict[str, str]) -> None:  # noqa: F811
     # The source, count_calls, counts its runs in the workspace of the job that runs it, and
     # names that job in its value. The feed id is new to this run: nothing is cached under it
-    # yet (the cache is per agent and feed id, and outlives the jobs).
-    ttl = 3.0
+    # yet (the cache is per tenant, agent, feed id and source, and outlives the jobs).
+    ttl = 6.0  # room for a slow machine: job 2 must build its prompt within it
     feed_id = f"tally_{uuid.uuid4().hex[:8]}"
     feed = {"id": feed_id, "cache_ttl": ttl,
             "source": {"type": "tool", "name": "count_calls", "params": {"key": "tally"}}}
