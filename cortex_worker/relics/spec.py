@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, best_match
+from jsonschema.exceptions import best_match
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -34,13 +34,16 @@ from pydantic import (
 
 from cortex_worker.protocol.variables import find_references
 from cortex_worker.tools.errors import ToolError
-from cortex_worker.tools.spec import check_env_names, describe_error
+from cortex_worker.tools.spec import (
+    PLAIN_NAME,
+    check_env_names,
+    check_name,
+    check_object_schema,
+    describe_error,
+)
 
 if TYPE_CHECKING:
     from cortex_worker.manifests import Registry
-
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
-"""Relic and operation names: no dots (a dot separates the relic from the operation)."""
 COMMAND_PLACEHOLDERS = ("port", "python", "manifest_dir")
 """What `{...}` may name in a relic's `command`."""
 # `{name}` is a placeholder; `{{` and `}}` are literal braces (as in str.format).
@@ -91,22 +94,6 @@ def fill(text: str, values: Mapping[str, str]) -> str:
     return _TOKEN.sub(one, text)
 
 
-def _check_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path)
-        raise ValueError(
-            f"not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else "")
-        ) from None
-    declared = schema.get("type", "object")
-    if declared != "object" and declared != ["object"]:
-        raise ValueError(
-            f"the root must be of type 'object' (parameters are named), got {declared!r}"
-        )
-    return schema
-
-
 class HealthSpec(BaseModel):
     """How Cortex tells that an http relic is up: `GET <path>` answers 2xx within timeout_s."""
 
@@ -148,7 +135,7 @@ class OperationSpec(BaseModel):
     @field_validator("parameters")
     @classmethod
     def _schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
-        return _check_schema(schema)
+        return check_object_schema(schema, "parameters")
 
     @field_validator("path")
     @classmethod
@@ -195,18 +182,13 @@ class RelicSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
-        if not NAME.match(name):
-            raise ValueError(
-                f"{name!r} is not a valid relic name: start with a letter or '_', then letters, "
-                "digits, '_' or '-' (at most 64 characters, no dots)"
-            )
-        return name
+        return check_name(name, "relic", dots=False)
 
     @field_validator("operations")
     @classmethod
     def _operation_names(cls, operations: dict[str, OperationSpec]) -> dict[str, OperationSpec]:
         for name in operations:
-            if not NAME.match(name):
+            if not PLAIN_NAME.match(name):
                 raise ValueError(
                     f"{name!r} is not a valid operation name: start with a letter or '_', then "
                     "letters, digits, '_' or '-' (no dots)"

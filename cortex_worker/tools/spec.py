@@ -26,6 +26,9 @@ __all__ = [
 Runtime = Literal["python", "shell", "docker", "builtin"]
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+"""A tool or workflow name."""
+PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
+"""A relic or operation name: no dots (`relic.operation` names an operation)."""
 ENTRYPOINT = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$", re.ASCII)
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # `{name}` is a placeholder; `{{` and `}}` are literal braces (as in str.format).
@@ -86,12 +89,7 @@ class ToolSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
-        if not NAME.match(name):
-            raise ValueError(
-                f"{name!r} is not a valid tool name: start with a letter or '_', then letters, "
-                "digits, '_', '.' or '-' (at most 64 characters)"
-            )
-        return name
+        return check_name(name, "tool")
 
     @field_validator("entrypoint")
     @classmethod
@@ -106,19 +104,13 @@ class ToolSpec(BaseModel):
     @field_validator("parameters")
     @classmethod
     def _parameters_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
-        _check_schema(schema)
-        declared = schema.get("type", "object")
-        if declared != "object" and declared != ["object"]:
-            raise ValueError(
-                f"the root must be of type 'object' (parameters are named), got {declared!r}"
-            )
-        return schema
+        return check_object_schema(schema, "parameters")
 
     @field_validator("returns")
     @classmethod
     def _returns_schema(cls, schema: dict[str, Any] | None) -> dict[str, Any] | None:
         if schema is not None:
-            _check_schema(schema)
+            check_schema(schema)
         return schema
 
     @field_validator("env")
@@ -164,7 +156,19 @@ class ToolSpec(BaseModel):
         return self._validator
 
 
-def _check_schema(schema: dict[str, Any]) -> None:
+def check_name(name: str, kind: str, *, dots: bool = True) -> str:
+    """A manifest's name: a letter or '_', then letters, digits, '_', '-' (and '.' unless
+    `dots` is False), at most 64 characters."""
+    if (NAME if dots else PLAIN_NAME).match(name):
+        return name
+    rest = "letters, digits, '_', '.' or '-' (at most 64 characters)" if dots else \
+        "letters, digits, '_' or '-' (at most 64 characters, no dots)"
+    raise ValueError(f"{name!r} is not a valid {kind} name: start with a letter or '_', then "
+                     f"{rest}")
+
+
+def check_schema(schema: dict[str, Any]) -> None:
+    """A valid JSON Schema (Draft 2020-12), or ValueError saying where it is not."""
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
@@ -172,6 +176,15 @@ def _check_schema(schema: dict[str, Any]) -> None:
         raise ValueError(
             f"not a valid JSON Schema: {exc.message}" + (f" (at {where})" if where else "")
         ) from None
+
+
+def check_object_schema(schema: dict[str, Any], what: str) -> dict[str, Any]:
+    """A valid JSON Schema whose root is an object: `what` (parameters, inputs) are named."""
+    check_schema(schema)
+    declared = schema.get("type", "object")
+    if declared != "object" and declared != ["object"]:
+        raise ValueError(f"the root must be of type 'object' ({what} are named), got {declared!r}")
+    return schema
 
 
 def placeholders(arg: str, *, where: str = "argument") -> list[str]:

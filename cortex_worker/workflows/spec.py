@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from jsonschema.exceptions import ValidationError as SchemaValidationError
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
@@ -26,7 +25,7 @@ from cortex_worker.plan.dag import Plan, build_plan
 from cortex_worker.protocol.actions import Action, ActionError, build_action, parse_depends_on
 from cortex_worker.protocol.variables import find_references, iter_references
 from cortex_worker.tools.errors import ToolError
-from cortex_worker.tools.spec import NAME, validate_parameters
+from cortex_worker.tools.spec import check_name, check_object_schema, validate_parameters
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -112,27 +111,12 @@ class WorkflowSpec(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
-        if not NAME.match(name):
-            raise ValueError(
-                f"{name!r} is not a valid workflow name: start with a letter or '_', then "
-                "letters, digits, '_', '.' or '-' (at most 64 characters)"
-            )
-        return name
+        return check_name(name, "workflow")
 
     @field_validator("inputs")
     @classmethod
     def _inputs_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
-        try:
-            Draft202012Validator.check_schema(schema)
-        except SchemaError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path)
-            raise ValueError(f"not a valid JSON Schema: {exc.message}"
-                             + (f" (at {where})" if where else "")) from None
-        declared = schema.get("type", "object")
-        if declared != "object" and declared != ["object"]:
-            raise ValueError(f"the root must be of type 'object' (inputs are named), "
-                             f"got {declared!r}")
-        return schema
+        return check_object_schema(schema, "inputs")
 
     # -- derived ------------------------------------------------------------------------
     @property
