@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Mapping
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
@@ -16,6 +17,8 @@ from cortex_worker.relics.spec import RelicSpec
 from cortex_worker.runtime import get_registry
 from cortex_worker.tools.spec import Runtime, ToolSpec
 from cortex_worker.workflows.spec import WorkflowSpec
+
+T = TypeVar("T")
 
 router = APIRouter(prefix="/v1", tags=["registry"], dependencies=[require_key])
 
@@ -103,6 +106,14 @@ def _tool_fields(spec: ToolSpec) -> dict[str, Any]:
             "parameters": spec.parameters}
 
 
+def _find(table: Mapping[str, T], kind: str, name: str) -> T:
+    """The manifest of this kind and name, or 404 listing the known names."""
+    spec = table.get(name)
+    if spec is None:
+        raise api_error(404, f"{kind} {name!r} not found", known=sorted(table))
+    return spec
+
+
 # -- routes -------------------------------------------------------------------------------
 @router.get("/agents", response_model=AgentList)
 def list_agents(registry: RegistryDep) -> AgentList:
@@ -114,9 +125,7 @@ def list_agents(registry: RegistryDep) -> AgentList:
 @router.get("/agents/{name}", response_model=AgentDetail, responses=responses(404))
 def get_agent(name: str, registry: RegistryDep) -> AgentDetail:
     """One agent; 404 if no manifest declares it."""
-    spec = registry.agents.get(name)
-    if spec is None:
-        raise api_error(404, f"agent {name!r} not found", known=sorted(registry.agents))
+    spec = _find(registry.agents, "agent", name)
     policy = spec.internal_actions
     return AgentDetail(
         **_agent_fields(spec),
@@ -140,9 +149,7 @@ def list_tools(registry: RegistryDep) -> ToolList:
 @router.get("/tools/{name}", response_model=ToolDetail, responses=responses(404))
 def get_tool(name: str, registry: RegistryDep) -> ToolDetail:
     """One tool; 404 if it is neither built in nor declared."""
-    spec = registry.tools.get(name)
-    if spec is None:
-        raise api_error(404, f"tool {name!r} not found", known=sorted(registry.tools))
+    spec = _find(registry.tools, "tool", name)
     return ToolDetail(**_tool_fields(spec), returns=spec.returns, timeout=spec.timeout)
 
 
@@ -194,9 +201,7 @@ def list_relics(registry: RegistryDep) -> RelicList:
 @router.get("/relics/{name}", response_model=RelicView, responses=responses(404))
 def get_relic(name: str, registry: RegistryDep) -> RelicView:
     """One relic; 404 if it is neither built in nor declared."""
-    spec = registry.relics.get(name)
-    if spec is None:
-        raise api_error(404, f"relic {name!r} not found", known=sorted(registry.relics))
+    spec = _find(registry.relics, "relic", name)
     return _relic_view(spec)
 
 
@@ -252,9 +257,7 @@ def list_workflows(registry: RegistryDep) -> WorkflowList:
 @router.get("/workflows/{name}", response_model=WorkflowDetail, responses=responses(404))
 def get_workflow(name: str, registry: RegistryDep) -> WorkflowDetail:
     """One workflow; 404 if no manifest declares it."""
-    spec = registry.workflows.get(name)
-    if spec is None:
-        raise api_error(404, f"workflow {name!r} not found", known=sorted(registry.workflows))
+    spec = _find(registry.workflows, "workflow", name)
     step = decompose(spec.plan())
     return WorkflowDetail(**_workflow_fields(spec), waves=spec.plan().waves(),
                           canvas=step.shape() if step is not None else None)
