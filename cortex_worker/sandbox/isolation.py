@@ -390,8 +390,10 @@ def unavailable_reason() -> str | None:
     return None
 
 
+@cache
 def sandbox_user(name: str | None) -> tuple[int, int] | None:
-    """(uid, gid) of user `name` for a root worker; None to keep the worker's own uid."""
+    """(uid, gid) of user `name` for a root worker; None to keep the worker's own uid.
+    Looked up once per process: every tool call asks."""
     if not name or os.geteuid() != 0:
         return None
     try:
