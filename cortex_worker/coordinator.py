@@ -206,7 +206,7 @@ def _generate(store: Store, job_id: str, job: dict[str, str], agent: AgentSpec, 
     planner = StreamPlanner.from_json(json.loads(job.get("planner") or "{}"))
     tools = tool_functions(agent, get_registry()) if agent.model.native_tools else None
     options = JobOptions.model_validate_json(job.get("options") or "{}")
-    model = agent.model.model_copy(update={"model": options.model}) if options.model else agent.model
+    model = agent.model.named(options.model)
     depth = int(job.get("depth") or 0)
     for attempt in (1, 2):
         state = _Turn()

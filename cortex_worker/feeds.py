@@ -155,9 +155,7 @@ def _model(store: Store, job_id: str, agent: str | None) -> dict[str, Any]:
         raise FeedError("llm feeds need a model: an agent's, or CORTEX_DOCUMENT_MODEL in "
                         "documents")
     options = json.loads(job.get("options") or "{}")
-    model = spec.model.model_copy(update={"model": options["model"]}) \
-        if options.get("model") else spec.model
-    return model.model_dump(mode="json")
+    return spec.model.named(options.get("model")).model_dump(mode="json")
 
 
 def _internal(store: Store, job_id: str, name: str) -> Any:

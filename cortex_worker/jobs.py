@@ -131,9 +131,7 @@ def model_of_document(settings: Settings, options: JobOptions) -> dict[str, Any]
     model = settings.document_model
     if model is None:
         return {}
-    if options.model:
-        model = model.model_copy(update={"model": options.model})
-    return {"model": model.model_dump(mode="json")}
+    return {"model": model.named(options.model).model_dump(mode="json")}
 
 
 def submit_document(store: Store, text: str, *, options: JobOptions | None = None,

@@ -40,5 +40,9 @@ class ModelConfig(BaseModel):
             return os.environ[name]
         return _ENV.sub(expand, self.base_url).rstrip("/")
 
+    def named(self, model: str | None) -> ModelConfig:
+        """This endpoint with another model name (the job option `model`); itself if None."""
+        return self.model_copy(update={"model": model}) if model else self
+
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None

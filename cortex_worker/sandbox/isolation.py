@@ -403,6 +403,7 @@ def sandbox_user(name: str | None) -> tuple[int, int] | None:
     return None if entry.pw_uid == 0 else (entry.pw_uid, entry.pw_gid)
 
 
+@cache
 def interpreter_paths() -> tuple[Path, ...]:
     """What a python tool needs to read: the interpreter, its prefixes and this package."""
     return (Path(sys.executable), Path(sys.prefix), Path(sys.base_prefix),
