@@ -41,11 +41,8 @@ This is a measurement, not a test: it always exits 0 once the measurement has co
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import signal
 import statistics
 import sys
 import tempfile
@@ -60,6 +57,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import httpx  # noqa: E402
 
+from bench.common import pct, print_header, stop_on_sigterm  # noqa: E402
 from tests import harness  # noqa: E402
 from tests.fake_llm import FakeLLM, Turn  # noqa: E402
 
@@ -152,13 +150,6 @@ def transcripts(tail_tokens: int) -> dict[str, list[str]]:
 
 
 # --------------------------------------------------------------------------- statistics
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of `values`."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
 
 
 def ms(seconds: float) -> str:
@@ -361,14 +352,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="tokens of thought after the three actions in (a) (default 150)")
     args = parser.parse_args(argv)
 
-    def on_sigterm(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    stop_on_sigterm()
     scripts = transcripts(args.tail_tokens)
-    print(f"date:     {datetime.date.today().isoformat()}")
-    print(f"python:   {platform.python_implementation()} {platform.python_version()}")
-    print(f"machine:  {platform.machine()}, {os.cpu_count()} cores, load average {loadavg()}")
+    print_header(f"load average {loadavg()}")
     print(f"model:    fake OpenAI-compatible server, {args.tps:g} tokens/s, 1 token = 1 chunk "
           f"of {CHUNK_CHARS} characters, no time to first token")
     print(f"pools:    tool x{TOOL_CONCURRENCY} (prefork), agent x100 (threads, the default)")

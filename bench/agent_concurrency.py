@@ -40,11 +40,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import importlib.util
 import os
-import platform
-import signal
 import statistics
 import sys
 import tempfile
@@ -62,6 +59,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import httpx  # noqa: E402
 
 from bench.agent import CHUNK_CHARS, Stack, filler, loadavg, machine_ticks, pct, table  # noqa: E402
+from bench.common import print_header, stop_on_sigterm  # noqa: E402
 from tests import harness  # noqa: E402
 from tests.fake_llm import Turn  # noqa: E402
 
@@ -392,13 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="listen backlog of the fake model server (socketserver's is 5)")
     args = parser.parse_args(argv)
 
-    def on_sigterm(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    print(f"date:     {datetime.date.today().isoformat()}")
-    print(f"python:   {platform.python_implementation()} {platform.python_version()}")
-    print(f"machine:  {platform.machine()}, {os.cpu_count()} cores, load average {loadavg()}")
+    stop_on_sigterm()
+    print_header(f"load average {loadavg()}")
     tokens = round(args.tps * args.stream_s)
     print(f"workload: {args.jobs} agent jobs submitted at once; each one turn streaming "
           f"{tokens} tokens at {args.tps:g} tokens/s ({args.stream_s:g} s; 1 token = "

@@ -38,12 +38,9 @@ once the measurement has completed.
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
 import os
-import platform
-import signal
 import statistics
 import sys
 import tempfile
@@ -58,6 +55,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import httpx  # noqa: E402
 
+from bench.common import pct, print_header, stop_on_sigterm  # noqa: E402
 from tests import harness  # noqa: E402
 
 MANIFESTS_DIR = REPO_ROOT / "tests" / "manifests"
@@ -72,13 +70,6 @@ CRITICAL_PATH_S = 0.35
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of `values`."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
 
 
 def ms(seconds: float) -> str:
@@ -337,13 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     burst = 300 if args.quick else 2000
     n_runs = 3 if args.quick else 7
 
-    def on_sigterm(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    print(f"date:     {datetime.date.today().isoformat()}")
-    print(f"python:   {platform.python_implementation()} {platform.python_version()}")
-    print(f"machine:  {platform.machine()}, {os.cpu_count()} cores")
+    stop_on_sigterm()
+    print_header()
     import celery
     import kombu
     import redis as redis_py

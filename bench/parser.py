@@ -14,9 +14,6 @@ stream hands over ready strings. This is a measurement, not a test.
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import sys
 import time
 from collections import Counter
@@ -24,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import print_header
 from cortex_worker.protocol.parser import ACTION_PARSED, PROTOCOL_ERROR, StreamParser
 
 RUNS = 3
@@ -149,9 +147,7 @@ def main() -> None:
 
     text, repetitions = build_document(size_mb)
     mb = len(text.encode("utf-8")) / 1_000_000
-    print(f"date:     {datetime.date.today().isoformat()}")
-    print(f"python:   {platform.python_implementation()} {platform.python_version()}")
-    print(f"machine:  {platform.machine()}, {os.cpu_count()} cores")
+    print_header()
     print(f"document: {mb:.2f} MB, {len(text):,} characters, {repetitions} repetitions, "
           f"{ACTIONS_PER_BLOCK * repetitions} actions")
     print()

@@ -13,7 +13,6 @@ This is a measurement, not a test.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import platform
 import statistics
@@ -24,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import print_header
 from cortex_worker.sandbox import isolation
 from cortex_worker.sandbox.isolation import Isolation, interpreter_paths
 from cortex_worker.sandbox.process import run_sandboxed
@@ -47,9 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args()
-    print(f"date:     {datetime.date.today().isoformat()}")
-    print(f"python:   {platform.python_implementation()} {platform.python_version()}")
-    print(f"machine:  {platform.machine()}, {os.cpu_count()} cores, kernel {platform.release()}")
+    print_header(f"kernel {platform.release()}")
     reason = isolation.unavailable_reason()
     if reason is not None:
         raise SystemExit(f"namespaces are unavailable here: {reason}")

@@ -42,6 +42,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 
+from bench.common import pct  # noqa: E402
 from tests import harness  # noqa: E402
 
 MANIFESTS_DIR = REPO_ROOT / "tests" / "manifests"
@@ -278,15 +279,6 @@ def run_soak(stack: Stack, seconds: float, *, clients: int = 4, interval: float 
     sample()
     result.seconds = time.monotonic() - start
     return result
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
 
 
 def report(result: SoakResult, warmup_s: float) -> tuple[str, bool]:
