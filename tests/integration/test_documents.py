@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
+from tests.manifest_helpers import CORPUS
+
 TERMINAL = {"job_completed", "job_failed", "job_cancelled"}
 
 

@@ -14,8 +14,7 @@ from typer.testing import CliRunner
 from cortex_api.cli import app as cli
 from cortex_api.server import raise_open_files_limit
 from tests.integration.test_documents import action, one, run
-
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
+from tests.manifest_helpers import CORPUS
 
 
 def test_parallelism_limit_per_job(workers: Any, api: Any) -> None:

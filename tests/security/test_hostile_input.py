@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from tests import harness
 from tests.integration.test_documents import action, one, run
+from tests.manifest_helpers import CORPUS
 
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus"
 TERMINAL_STATUS = {"completed", "failed", "cancelled"}
 #: Defaults of cortex_worker.settings: CORTEX_MAX_DOCUMENT_BYTES and CORTEX_MAX_OUTPUT_BYTES.
 MAX_DOCUMENT = 1024 * 1024

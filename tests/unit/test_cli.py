@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from cortex_api.cli import app
+from tests.manifest_helpers import CORPUS
 
 pytestmark = pytest.mark.unit
 
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
 CORPUS_NAMES = [
     "mk1_01_complete_example.xml",
     "mk1_02_actions_in_thoughts.xml",
@@ -43,7 +43,7 @@ runner = CliRunner()
 
 def corpus(name: str) -> Path:
     path = CORPUS / name
-    assert path.is_file(), f"corpus document {path} is missing (shared/ must sit beside the repo)"
+    assert path.is_file(), f"corpus document {path} is missing"
     return path
 
 

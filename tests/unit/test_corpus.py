@@ -1,7 +1,7 @@
-"""The protocol corpus (../shared/corpus): real documents the parser must accept.
+"""The protocol corpus (tests/corpus): real documents the parser must accept.
 
 The expectations below were written from the documents and docs/protocol semantics
-(/work/shared/design/protocol.md), not copied from the implementation's output:
+(docs/protocol.md), not copied from the implementation's output:
 
 - `depends_on` is explicit ∪ implicit (a `$x` parameter naming an action's id or output_key,
   or a variable made by an internal `add_context_feed`), sorted;
@@ -12,19 +12,16 @@ The expectations below were written from the documents and docs/protocol semanti
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
 
 from cortex_worker.protocol import parser as p
 from cortex_worker.protocol.document import load_document
+from tests.manifest_helpers import CORPUS
 
 pytestmark = pytest.mark.unit
 
-# tests/unit/test_corpus.py -> parents[2] is the repository root; shared/ sits beside it.
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CORPUS = REPO_ROOT.parent / "shared" / "corpus"
 
 
 class A(NamedTuple):
@@ -255,10 +252,7 @@ def read(name: str) -> str:
 
 
 def test_corpus_directory_exists_and_is_fully_covered() -> None:
-    assert CORPUS.is_dir(), (
-        f"protocol corpus not found at {CORPUS}: the shared/ directory must sit beside the "
-        "repository directory"
-    )
+    assert CORPUS.is_dir(), f"protocol corpus not found at {CORPUS}"
     assert sorted(p.name for p in CORPUS.glob("*.xml")) == DOCS
 
 

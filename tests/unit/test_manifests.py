@@ -9,11 +9,16 @@ import pytest
 from cortex_worker.manifests import BUILTIN_SOURCE, Registry, load_registry
 from cortex_worker.protocol.document import load_document
 from cortex_worker.tools import BUILTINS, ToolError, validate_parameters
-from tests.manifest_helpers import EXAMPLE_MANIFESTS, REPO_ROOT, TEST_MANIFESTS, load_error, write
+from tests.manifest_helpers import (
+    CORPUS,
+    EXAMPLE_MANIFESTS,
+    TEST_MANIFESTS,
+    load_error,
+    write,
+)
 
 pytestmark = pytest.mark.unit
 
-CORPUS = REPO_ROOT.parent / "shared" / "corpus"
 
 TEST_TOOLS = {
     "web_scraper", "arxiv_search", "news_api", "api_call", "data_collector", "quick_analyzer",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,10 +21,10 @@ from cortex_worker.protocol.parser import (
     parse_attributes,
     parse_document,
 )
+from tests.manifest_helpers import CORPUS
 
 pytestmark = pytest.mark.unit
 
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
 CORPUS_DOCS = sorted(CORPUS.glob("*.xml"))
 
 EVENT_TYPES = {p.TEXT, p.THOUGHT_CHUNK, p.THOUGHT_END, p.ACTION_PARSED, p.RESPONSE_CHUNK,
