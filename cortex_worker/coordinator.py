@@ -35,14 +35,15 @@ from cortex_worker.owners import dead_here, owner
 from cortex_worker.plan.stream import StreamPlanner
 from cortex_worker.protocol import parser as p
 from cortex_worker.protocol.actions import Action
-from cortex_worker.runtime import get_registry
+from cortex_worker.runtime import get_job_ends, get_registry
 from cortex_worker.settings import get_settings
 from cortex_worker.store import JOB_TERMINAL, Store, dumps, job_keys
 
 log = logging.getLogger(__name__)
 
 MAX_REMINDERS = 3
-STATUS_CHECK_S = 1.0  # how often a streaming turn looks at its job's status
+STATUS_CHECK_S = 1.0  # how often a streaming turn looks at its job's status (job_ends pushes ends)
+TURN_RESTARTS = 1  # times a turn is generated again after its stream broke mid-output
 FLUSH_S = 0.05  # the most a thought or response chunk waits before it is logged (and renews its lease)
 TURN_LEASE_S = 30.0  # a turn whose owner has not renewed it this long may be taken over
 RESULT_CHARS = 4000
@@ -202,49 +203,63 @@ def _generate(store: Store, job_id: str, job: dict[str, str], agent: AgentSpec, 
     messages = _prompt(store, job_id, job, agent, turn, finished)
     if not restarted:
         begin = [("job_started", {"kind": "agent", "agent": agent.name})] if turn == 1 else []
-        store.emit(job_id, [*begin, ("turn_started", {"turn": turn})])
+        store.emit(job_id, [*begin, ("turn_started", {"turn": turn})], live=True)
     planner = StreamPlanner.from_json(json.loads(job.get("planner") or "{}"))
     tools = tool_functions(agent, get_registry()) if agent.model.native_tools else None
     options = JobOptions.model_validate_json(job.get("options") or "{}")
     model = agent.model.named(options.model)
     depth = int(job.get("depth") or 0)
-    for attempt in (1, 2):
-        state = _Turn()
-        parser = p.StreamParser(known_ids=set(planner.ids), first_action_number=len(planner.ids) + 1)
-        text: list[str] = []
-        usage: Usage | None = None
-        deltas = 0
-        stream = open_stream(model, messages, tools=tools, base_dir=get_settings().manifests)
-        check_at = time.monotonic() + STATUS_CHECK_S
-        try:
-            for piece in stream:
-                if time.monotonic() >= check_at:  # cancelled, or out of time, while streaming?
-                    check_at = time.monotonic() + STATUS_CHECK_S
-                    if _stop_reason(store, job_id, agent, job, renew=True):
+    with get_job_ends().watch(job_id) as job_ended:
+        for restart in range(TURN_RESTARTS + 1):
+            state = _Turn()
+            parser = p.StreamParser(known_ids=set(planner.ids),
+                                    first_action_number=len(planner.ids) + 1)
+            text: list[str] = []
+            usage: Usage | None = None
+            deltas = 0
+            if _stop_reason(store, job_id, agent, job):  # ended before the stream opened?
+                state.ended = True
+                break
+            stream = open_stream(model, messages, tools=tools, base_dir=get_settings().manifests)
+            check_at = time.monotonic() + STATUS_CHECK_S
+            try:
+                for piece in stream:
+                    if job_ended.is_set():  # cancelled, or ended elsewhere: stop at once
                         state.ended = True
                         break
-                if isinstance(piece, Usage):
-                    usage = piece
+                    if time.monotonic() >= check_at:  # out of time, or a missed end?
+                        check_at = time.monotonic() + STATUS_CHECK_S
+                        if _stop_reason(store, job_id, agent, job, renew=True):
+                            state.ended = True
+                            break
+                    if isinstance(piece, Usage):
+                        usage = piece
+                        continue
+                    deltas += 1
+                    chunk = piece.text if isinstance(piece, TextDelta) else \
+                        tool_call_to_protocol(piece) if isinstance(piece, ToolCall) else ""
+                    text.append(chunk)
+                    _handle(store, job_id, agent, planner, parser.feed(chunk), state, depth, model)
+                    if state.stopped_at is not None or state.ended:
+                        break
+            except ModelError as exc:
+                # A failure before the first piece was retried by the gateway (max_retries);
+                # a stream that broke after output arrived restarts the turn, TURN_RESTARTS times.
+                if deltas and exc.retryable and state.actions == 0 and restart < TURN_RESTARTS:
+                    _flush(store, job_id, state)
+                    store.emit(job_id, [("warning", {
+                        "kind": "model_retry",
+                        "message": f"the model stream broke ({exc}); turn restarted"})], live=True)
                     continue
-                deltas += 1
-                chunk = piece.text if isinstance(piece, TextDelta) else tool_call_to_protocol(piece) \
-                    if isinstance(piece, ToolCall) else ""
-                text.append(chunk)
-                _handle(store, job_id, agent, planner, parser.feed(chunk), state, depth, model)
-                if state.stopped_at is not None:
-                    break
-        except ModelError as exc:
-            if attempt == 1 and exc.retryable and state.actions == 0:
-                _flush(store, job_id, state)
-                store.emit(job_id, [("warning", {"kind": "model_retry", "message":
-                                                 f"the model stream broke ({exc}); turn restarted"})])
-                continue
-            raise
-        finally:
-            close = getattr(stream, "close", None)
-            if close:
-                close()
-        break
+                if restart:
+                    exc.message += f"; the turn was restarted {restart} time(s) after its stream broke"
+                    exc.args = (exc.message,)
+                raise
+            finally:
+                close = getattr(stream, "close", None)
+                if close:
+                    close()
+            break
     if state.ended:
         _flush(store, job_id, state)
         reason = _stop_reason(store, job_id, agent, job)
@@ -255,6 +270,8 @@ def _generate(store: Store, job_id: str, job: dict[str, str], agent: AgentSpec, 
     if state.stopped_at is not None:  # we cut the stream: open blocks are not the model's fault
         tail = [e for e in tail if not (e.type == p.PROTOCOL_ERROR and e.data["kind"] == "unclosed_block")]
     _handle(store, job_id, agent, planner, tail, state, depth, model)
+    if state.ended:
+        return None
     _fail_unseen_dependencies(store, job_id, planner, state)
     _flush(store, job_id, state)
     if state.limit is not None:
@@ -312,7 +329,9 @@ def _handle(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
                 break
             state.batch.append((p.ACTION_PARSED, {"action": action.model_dump(mode="json")}))
             _flush(store, job_id, state)
-            _start_action(store, job_id, agent, planner, action, depth, model)
+            if not _start_action(store, job_id, agent, planner, action, depth, model):
+                state.ended = True  # the job ended: nothing more is registered or sent
+                return
             state.actions += 1
             if action.mode.value == "sync":
                 state.stopped_at = event.data["end"]
@@ -331,7 +350,7 @@ def _flush(store: Store, job_id: str, state: _Turn, *, force: bool = True) -> No
     now = time.monotonic()
     if not force and now - state.flushed_at < FLUSH_S:
         return
-    store.emit(job_id, _coalesce(state.batch))
+    store.emit(job_id, _coalesce(state.batch), live=True)  # nothing after the job's end
     state.batch = []
     state.flushed_at = now
 
@@ -350,7 +369,8 @@ def _refusal(agent: AgentSpec, action: Action, depth: int) -> str | None:
 
 
 def _start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
-                  action: Action, depth: int, model: ModelConfig) -> None:
+                  action: Action, depth: int, model: ModelConfig) -> bool:
+    """Register the action and send it if it is ready; False if the job has ended."""
     deps, after = planner.add(action)
     spec = action.model_dump(mode="json")
     spec.update(depends_on=deps, after=after, depth=depth, agent=agent.name)
@@ -368,20 +388,24 @@ def _start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPl
         if refusal is None and store.redis.hget(job_keys(job_id)[2], action.id) == "queued":
             ready = [{"id": action.id}]
         else:
-            return
+            return True
     else:
-        ready = store.register(job_id, [entry], close=False).ready
+        registered = store.register(job_id, [entry], close=False)
+        if not registered.recorded:
+            return False
+        ready = registered.ready
     if refusal is not None:
         from cortex_worker.executor import record_outcome
 
         record_outcome(store, job_id, action.id, spec, "error", None, refusal)
-        return
+        return True
     if ready and action.type.value == "internal":  # runs here, in the coordinator
         from cortex_worker.executor import execute
 
         execute(job_id, action.id, spec, trigger=True)
     elif ready:
         dispatch.send(job_id, [spec])
+    return True
 
 
 def _fail_unseen_dependencies(store: Store, job_id: str, planner: StreamPlanner, state: _Turn) -> None:

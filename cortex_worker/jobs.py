@@ -25,7 +25,7 @@ from cortex_worker.protocol.variables import find_references, render
 from cortex_worker.relics.spec import check_relic_action
 from cortex_worker.runtime import get_registry
 from cortex_worker.settings import Settings, get_settings
-from cortex_worker.store import DEFAULT_TENANT, Store, dumps
+from cortex_worker.store import DEFAULT_TENANT, JOB_TERMINAL, Store, dumps
 from cortex_worker.tools.errors import ToolError
 from cortex_worker.tools.spec import validate_parameters
 from cortex_worker.workflows import spec as wf
@@ -214,11 +214,23 @@ def submit_workflow(store: Store, name: str, inputs: Any, *, options: JobOptions
                        "parent_job": parent and parent[0], "parent_action": parent and parent[1],
                        "depth": depth})])
     store.set_variables(job_id, {wf.INPUTS: inputs})
-    if parent:
-        store.add_child(parent[0], job_id)
-        store.emit(parent[0], [("child_job", {"action_id": parent[1], "job_id": job_id})])
+    if parent and not _adopt(store, parent, job_id):
+        return job_id
     dispatch.start_job(job_id)
     return job_id
+
+
+def _adopt(store: Store, parent: tuple[str, str], child: str) -> bool:
+    """Link a new child job to its parent. False if the parent has ended: the child is then
+    cancelled here, since the parent's own cancel may have listed its children before this one
+    was added (it adds before it looks; a parent ends before it lists)."""
+    store.add_child(parent[0], child)
+    store.emit(parent[0], [("child_job", {"action_id": parent[1], "job_id": child})], live=True)
+    status = (store.get_job(parent[0]) or {}).get("status")
+    if status is not None and status not in JOB_TERMINAL:
+        return True
+    cancel_job(store, child, reason=f"its parent job {parent[0]} ended")
+    return False
 
 
 def action_entry(plan: Plan, action_id: str,
@@ -267,11 +279,11 @@ def start_plan(store: Store, job_id: str, job: dict[str, str], plan: Plan,
     `variables`, register every action, and dispatch: one canvas mirroring a series-parallel
     plan, otherwise each action when it is ready."""
     options = JobOptions.model_validate_json(job.get("options") or "{}")
-    redelivered = job["status"] == "running"  # a worker died while starting it
-    if not redelivered:
-        store.set_job(job_id, status="running", started_at=repr(time.time()))
-        store.set_variables(job_id, variables)
-        store.emit(job_id, events)
+    store.set_variables(job_id, variables)  # first: a start redelivered later finds them
+    begun = store.begin(job_id, events)  # atomic: a job cancelled meanwhile stays cancelled
+    if begun == "ended":
+        return
+    redelivered = begun == "running"  # a worker died while starting it
     step = None
     if options.canvas if options.canvas is not None else get_settings().canvas:
         step = decompose(plan)
@@ -280,6 +292,8 @@ def start_plan(store: Store, job_id: str, job: dict[str, str], plan: Plan,
     store.set_job(job_id, dispatch="canvas" if step else "readiness")
     entries = [action_entry(plan, a, _inherited(job, plan.nodes[a].action)) for a in plan.nodes]
     result = store.register(job_id, entries, close=True)
+    if not result.recorded:
+        return  # cancelled while starting
     if step is not None:
         specs = {e["id"]: json.loads(e["spec"]) for e in entries}
         dispatch.send_canvas(job_id, step, specs)
@@ -334,9 +348,8 @@ def submit_agent(store: Store, agent: str, text: str, *, options: JobOptions | N
                        "parent_action": parent and parent[1], "depth": depth})])
     if history:
         store.append_conversation(job_id, *history)
-    if parent:
-        store.add_child(parent[0], job_id)
-        store.emit(parent[0], [("child_job", {"action_id": parent[1], "job_id": job_id})])
+    if parent and not _adopt(store, parent, job_id):
+        return job_id
     periodic = {f.id: f for f in spec.context_feeds if f.type == "periodic" and f.enabled}
     if periodic:
         from cortex_worker.feeds import schedule_periodic

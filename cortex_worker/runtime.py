@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from cortex_worker.job_ends import JobEnds
 from cortex_worker.manifests import Registry, load_registry
 from cortex_worker.settings import get_settings
 from cortex_worker.store import Store
@@ -19,3 +20,9 @@ def get_store() -> Store:
 def get_registry() -> Registry:
     """Manifests from `CORTEX_MANIFESTS`, validated once per process."""
     return load_registry(get_settings().manifests)
+
+
+@lru_cache(maxsize=1)
+def get_job_ends() -> JobEnds:
+    """The process's listener for job ends (one pub/sub connection, started on first use)."""
+    return JobEnds(get_store().redis)

@@ -24,6 +24,8 @@ _SUFFIXES = ("job", "spec", "status", "result", "pending", "poison", "deps", "va
 TERMINAL = frozenset({"ok", "error", "timeout", "skipped", "cancelled"})
 JOB_TERMINAL = frozenset({"completed", "failed", "cancelled"})
 JOBS_INDEX = "cx:jobs"
+#: Pub/sub channel on which `close` publishes the id of every job that ends.
+ENDED_CHANNEL = "cx:ended"
 RECONNECT_RETRIES = 40  # with a 1 s backoff cap: about 35 s without Redis
 #: The tenant of jobs and sessions created without API keys configured.
 DEFAULT_TENANT = "default"
@@ -55,13 +57,18 @@ def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
+def _event_args(events: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Events as script arguments: kind, data, kind, data ..."""
+    return [part for kind, data in events for part in (kind, dumps(data))]
+
+
 @dataclass(frozen=True, slots=True)
 class Dispatch:
     """What a state change asks for: actions to send now and whether the job drained."""
 
     ready: list[dict[str, Any]]  # specs of the actions to send now
     drained: bool
-    recorded: bool = True
+    recorded: bool = True  # False: nothing changed (already recorded, or the job has ended)
 
 
 class Store:
@@ -71,7 +78,7 @@ class Store:
         self.redis = client
         self._scripts = {name: client.register_script(_lua(name))
                          for name in ("emit", "register", "claim", "finish", "retry", "close", "requeue",
-                                      "resume")}
+                                      "resume", "begin")}
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -201,12 +208,12 @@ class Store:
         pipe.execute()
 
     # -- events ---------------------------------------------------------------------------
-    def emit(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]]) -> int:
-        """Append events to the job's log; returns the last seq."""
-        args: list[str] = []
-        for kind, data in events:
-            args += [kind, dumps(data)]
-        return int(self._run("emit", job_id, *args)) if args else 0
+    def emit(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]], *,
+             live: bool = False) -> int:
+        """Append events to the job's log; returns the last seq. `live`: only if the job has
+        not ended (0 is returned then): a turn's output never follows `job_cancelled`."""
+        args = _event_args(events)
+        return int(self._run("emit", job_id, "1" if live else "0", *args)) if args else 0
 
     def events_after(self, job_id: str, after: int = 0, count: int | None = None) -> list[dict[str, Any]]:
         """Events with seq > `after`, in order."""
@@ -214,9 +221,17 @@ class Store:
         return [json.loads(fields["e"]) for _, fields in entries]
 
     # -- actions --------------------------------------------------------------------------
+    def begin(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]]) -> str:
+        """Start a queued document or workflow job and log `events`: "started", "running"
+        (it had begun: a redelivered start) or "ended" (cancelled before it began)."""
+        return str(self._run("begin", job_id, *_event_args(events)))
+
     def register(self, job_id: str, actions: Sequence[dict[str, Any]], *, close: bool) -> Dispatch:
-        """Add actions (`id, spec, deps, after, on_error`) to the job; return those ready now."""
+        """Add actions (`id, spec, deps, after, on_error`) to the job; return those ready now.
+        Nothing is registered once the job has ended (`recorded` is then False)."""
         out = self._run("register", job_id, dumps(list(actions)), "1" if close else "0")
+        if out == ["ended"]:
+            return Dispatch(ready=[], drained=False, recorded=False)
         bar = out.index("|")
         return Dispatch(ready=[{"id": i} for i in out[:bar]], drained=bool(int(out[bar + 1])))
 
@@ -270,9 +285,7 @@ class Store:
     def close(self, job_id: str, status: str, fields: dict[str, Any] | None = None,
               events: Sequence[tuple[str, dict[str, Any]]] = (), *, only_if: str = "") -> list[str] | None:
         """End the job with `status`; unfinished actions are cancelled. None if it had ended."""
-        args: list[str] = []
-        for kind, data in events:
-            args += [kind, dumps(data)]
+        args = _event_args(events)
         out = self._run("close", job_id, status, dumps({k: v if isinstance(v, str) else dumps(v)
                                                          for k, v in (fields or {}).items()}),
                         only_if, *args)

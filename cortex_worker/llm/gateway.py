@@ -151,6 +151,11 @@ def _backoff(attempt: int, retry_after: float | None) -> float:
     return random.uniform(delay / 2, delay)
 
 
+def _attempts(made: int, max_retries: int) -> str:
+    """How many requests a failed call made, for its error message."""
+    return f"{made} attempt{'s' if made > 1 else ''} made; max_retries is {max_retries}"
+
+
 def _transport_error(url: str, exc: httpx.HTTPError, config: ModelConfig) -> ModelError:
     if isinstance(exc, httpx.ConnectTimeout):
         what = "timed out connecting"
@@ -333,10 +338,10 @@ def stream_chat(
             error = exc
         except httpx.HTTPError as exc:
             error = _transport_error(url, exc, config)
-        error.streamed = streamed
+        error.streamed, error.attempts = streamed, attempt + 1
         if not error.retryable or yielded or attempt >= config.max_retries:
-            if error.retryable and not yielded and config.max_retries:
-                error.message += f" (gave up after {attempt + 1} attempts)"
+            if not yielded:
+                error.message += f" ({_attempts(attempt + 1, config.max_retries)})"
                 error.args = (error.message,)
             raise error
         _sleep(_backoff(attempt, _retry_after(response) if error.status else None))
@@ -370,21 +375,23 @@ def complete(
     """The whole text of one completion and its usage (for `type="llm"` actions).
 
     Nothing is shown to anyone until the end, so a stream that fails midway is simply
-    retried (up to `config.max_retries` times) instead of being reported.
+    retried instead of being reported. Every request, whether it failed before the first
+    byte or midway, counts against one budget of `config.max_retries` retries.
     """
-    attempt = 0
+    used = 0  # requests made so far
     while True:
         parts: list[str] = []
         usage: Usage | None = None
+        budget = config.model_copy(update={"max_retries": config.max_retries - used})
         try:
-            for piece in open_stream(config, messages, client=client, base_dir=base_dir):
+            for piece in open_stream(budget, messages, client=client, base_dir=base_dir):
                 if isinstance(piece, TextDelta):
                     parts.append(piece.text)
                 elif isinstance(piece, Usage):
                     usage = piece
             return "".join(parts), usage
         except ModelError as exc:
-            if not (exc.retryable and exc.streamed) or attempt >= config.max_retries:
+            used += exc.attempts  # a clean failure has used the gateway's retries already
+            if not (exc.retryable and exc.streamed) or used > config.max_retries:
                 raise
-        _sleep(_backoff(attempt, None))
-        attempt += 1
+        _sleep(_backoff(used - 1, None))

@@ -79,16 +79,18 @@ class ModelError(Exception):
 
     `retryable`: trying again may succeed (connection errors, timeouts, 429, 5xx, a dropped
     stream); `status`: the HTTP status, when there was one; `streamed`: characters of text
-    already yielded to the caller before the failure (0: nothing was seen, a retry is clean).
+    already yielded to the caller before the failure (0: nothing was seen, a retry is clean);
+    `attempts`: requests made, the gateway's retries included.
     """
 
     def __init__(self, message: str, *, retryable: bool = False, status: int | None = None,
-                 streamed: int = 0) -> None:
+                 streamed: int = 0, attempts: int = 1) -> None:
         super().__init__(message)
         self.message = message
         self.retryable = retryable
         self.status = status
         self.streamed = streamed
+        self.attempts = attempts
 
     def __repr__(self) -> str:
         return (f"ModelError({self.message!r}, retryable={self.retryable}, "

@@ -3,7 +3,7 @@
 -- actions become cancelled.
 -- Returns the ids of actions that were queued or running, or false if the job had ended.
 local cur = redis.call('HGET', K_JOB, 'status')
-if cur == 'completed' or cur == 'failed' or cur == 'cancelled' then return false end
+if JOB_TERMINAL[cur] then return false end
 if ARGV[5] ~= '' and cur ~= ARGV[5] then return false end
 redis.call('HSET', K_JOB, 'status', ARGV[3], 'finished_at', NOW)
 m_job_ended(ARGV[3])
@@ -23,4 +23,5 @@ end
 redis.call('DEL', K_WAIT)
 for i = 6, #ARGV, 2 do emit(ARGV[i], ARGV[i + 1]) end
 expire_all()
+redis.call('PUBLISH', ENDED_CHANNEL, JOB)
 return live

@@ -6,6 +6,14 @@ local K_JOB, K_SPEC, K_STATUS, K_RESULT, K_PENDING, K_POISON, K_DEPS, K_VARS, K_
       K_WAIT, K_SEQ, K_EVENTS, K_ONERR, K_ATTEMPTS, K_AWAIT, K_INBOX = unpack(KEYS, 1, 16)
 local JOB, NOW = ARGV[1], ARGV[2]
 local TERMINAL = {ok = true, error = true, timeout = true, skipped = true, cancelled = true}
+local JOB_TERMINAL = {completed = true, failed = true, cancelled = true}
+local ENDED_CHANNEL = 'cx:ended'  -- store.ENDED_CHANNEL: the id of every job that ends
+
+-- Whether the job is gone or has ended: nothing new may be registered, started or logged for it.
+local function job_ended()
+  local st = redis.call('HGET', K_JOB, 'status')
+  return not st or JOB_TERMINAL[st] == true
+end
 
 -- Append one event: seq, stream entry and publish, atomically (the only writer of the log).
 local function emit(kind, data)

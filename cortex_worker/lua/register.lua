@@ -1,6 +1,8 @@
 -- ARGV[3]: JSON list of {id, spec, deps, after, on_error, awaited}; ARGV[4]: '1' closes the
 -- plan (of the job, or of an agent's turn).
--- Returns the ids to dispatch now, then '|', then 1 if the job drained.
+-- Returns the ids to dispatch now, then '|', then 1 if the job drained; or {'ended'} if the
+-- job has ended (cancelled, failed, completed): then nothing is registered.
+if job_ended() then return {'ended'} end
 local out = {}
 for _, a in ipairs(cjson.decode(ARGV[3])) do
   local id = a.id

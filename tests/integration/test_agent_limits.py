@@ -1,4 +1,5 @@
-"""Agent jobs stop promptly when cancelled, or when their wall time runs out, mid-generation."""
+"""Agent jobs stop promptly when cancelled, or when their wall time runs out, mid-generation;
+a model that keeps failing is asked no more often than its retry budget allows."""
 
 from __future__ import annotations
 
@@ -7,14 +8,24 @@ from typing import Any
 
 import httpx
 
+from cortex_worker.jobs import child_job_id
+from tests import harness
 from tests.fake_llm import FakeLLM, Turn
 from tests.integration.test_agents import (
+    act,
     api,  # noqa: F401  (fixture)
     finish,
     llm,  # noqa: F401  (fixture)
     start,
     unique,
+    view,
 )
+
+TERMINAL = {"ok", "error", "timeout", "skipped", "cancelled"}
+#: What a cancelled job may not log after `job_cancelled`: nothing new is parsed, registered,
+#: queued, started or streamed.
+NOTHING_NEW = {"action_parsed", "action_queued", "action_started", "action_retrying",
+               "thought_chunk", "response_chunk", "text", "turn_started", "child_job"}
 
 
 def long_thought(seconds: float, rate: float = 40) -> Turn:
@@ -51,3 +62,92 @@ def test_a_generation_past_the_wall_time_fails_the_job(api: Any, llm: FakeLLM) -
     assert events[-1]["type"] == "job_failed"
     assert "wall time limit (2 s)" in events[-1]["data"]["error"]
     assert time.monotonic() - started < 8
+
+
+def thinking_with_actions(count: int, rate: float = 40) -> Turn:
+    """A slow thought with an async 5-second `sleep` action every ~0.3 s of text."""
+    parts = [("weighing the next step " * 2) + act(f"s{i}", "sleep", {"seconds": 5}, mode="async")
+             for i in range(count)]
+    return Turn(text="<thought>" + "".join(parts) + "</thought>", tokens_per_second=rate)
+
+
+def wait_for_actions(server: Any, job_id: str, count: int) -> None:
+    harness.wait_until(lambda: len(view(server, job_id)["actions"]) >= count, timeout=15,
+                       interval=0.02, message=f"job {job_id} never had {count} actions")
+
+
+def assert_cancelled_completely(server: Any, job_id: str, events: list[dict[str, Any]]) -> None:
+    """Nothing new after `job_cancelled`; every action ended, once, in events and record."""
+    cancelled = next(e["seq"] for e in events if e["type"] == "job_cancelled")
+    late = [e for e in events if e["seq"] > cancelled and e["type"] in NOTHING_NEW]
+    assert late == [], f"logged after job_cancelled: {late}"
+    job = view(server, job_id)
+    assert job["status"] == "cancelled"
+    assert {a["id"]: a["status"] for a in job["actions"] if a["status"] not in TERMINAL} == {}
+    queued = {e["data"]["action_id"] for e in events if e["type"] == "action_queued"}
+    ended = [e["data"]["action_id"] for e in events if e["type"] in
+             {"action_completed", "action_failed", "action_skipped", "action_cancelled"}]
+    assert sorted(ended) == sorted(set(ended)) and queued <= set(ended)
+    assert {a["id"] for a in job["actions"]} == set(ended)
+
+
+def test_cancel_mid_stream_is_immediate_and_complete(api: Any, llm: FakeLLM) -> None:  # noqa: F811
+    model = unique("cancel-acts")
+    llm.script(model, [thinking_with_actions(30)])
+    job_id = start(api, "tester", "go", model=model)
+    wait_for_actions(api, job_id, 2)
+    cancelled_at = time.monotonic()
+    assert httpx.post(f"{api.url}/v1/jobs/{job_id}/cancel", timeout=10).status_code == 200
+    events = finish(api, job_id, timeout=15)
+    assert_cancelled_completely(api, job_id, events)
+    assert {a["status"] for a in view(api, job_id)["actions"]} == {"cancelled"}
+    # the stream was closed well under a second after the cancel (the job's end is pushed to
+    # the turn; the server notices at its next write)
+    deadline = time.monotonic() + 5
+    while llm.outcomes(model)[-1] == "streaming" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert llm.outcomes(model) == ["client_disconnected"]
+    last_write = llm.stream_log(model)[0][-1][0]
+    assert last_write - cancelled_at < 1.0, f"streamed {last_write - cancelled_at:.2f} s more"
+
+
+def test_cancel_reaches_a_streaming_child_agent(api: Any, llm: FakeLLM) -> None:  # noqa: F811
+    model = unique("cancel-parent")
+    child = act("kid", "helper", {"input": "think"}, mode="async", kind="agent")
+    llm.script(model, [Turn(text=f"<thought>{child}" + "still going " * 400 + "</thought>",
+                            tokens_per_second=40)])
+    llm.script("helper", [thinking_with_actions(30)])
+    job_id = start(api, "tester", "go", model=model)
+    child_id = child_job_id(job_id, "kid")  # the one child of that action
+    harness.wait_until(lambda: httpx.get(f"{api.url}/v1/jobs/{child_id}", timeout=10)
+                       .status_code == 200, timeout=15, message="the child job never started")
+    wait_for_actions(api, child_id, 1)
+    assert httpx.post(f"{api.url}/v1/jobs/{job_id}/cancel", timeout=10).status_code == 200
+    assert_cancelled_completely(api, job_id, finish(api, job_id, timeout=15))
+    assert_cancelled_completely(api, child_id, finish(api, child_id, timeout=15))
+    harness.wait_until(lambda: "streaming" not in llm.outcomes("helper"), timeout=5,
+                       message="the child's model stream stayed open")
+    assert llm.remaining("helper") == 0
+
+
+def test_a_failing_model_is_asked_max_retries_plus_one_times(api: Any, llm: FakeLLM) -> None:  # noqa: F811
+    model = unique("down")
+    llm.script(model, [Turn(fail_status=500, error_message="backend down")] * 8)
+    job_id = start(api, "retrier", "go", model=model)  # max_retries: 2
+    events = finish(api, job_id, timeout=30)
+    assert events[-1]["type"] == "job_failed"
+    assert "3 attempts made; max_retries is 2" in events[-1]["data"]["error"]
+    assert len(llm.requests(model)) == 3
+    assert not [e for e in events if e["type"] == "warning"]  # no turn restart: nothing streamed
+
+
+def test_a_stream_that_breaks_after_output_restarts_the_turn_once(api: Any, llm: FakeLLM) -> None:  # noqa: F811
+    model = unique("broken")
+    broken = Turn(text="<thought>a long enough thought to break</thought>", fail_after_chars=12)
+    llm.script(model, [broken, broken, broken])
+    job_id = start(api, "retrier", "go", model=model)
+    events = finish(api, job_id, timeout=30)
+    assert events[-1]["type"] == "job_failed"
+    assert "restarted 1 time(s)" in events[-1]["data"]["error"]
+    assert len(llm.requests(model)) == 2
+    assert [e["data"]["kind"] for e in events if e["type"] == "warning"] == ["model_retry"]

@@ -284,6 +284,25 @@ def test_complete_joins_the_text_and_retries_a_broken_stream(llm: FakeLLM, model
     assert settled(llm, model) == ["dropped", "complete"]
 
 
+def test_complete_has_one_retry_budget_for_broken_streams_and_failed_requests(
+        llm: FakeLLM, model: str) -> None:
+    # max_retries 2: three requests in all, whichever way each one failed
+    llm.script(model, [Turn(text="partial answer", fail_after_chars=5),
+                       Turn(fail_status=500, error_message="down"),
+                       Turn(text="partial again", fail_after_chars=5),
+                       Turn(text="never asked for")])
+    with pytest.raises(ModelError):
+        gateway.complete(config(llm, model, max_retries=2), MESSAGES)
+    assert len(llm.requests(model)) == 3
+
+
+def test_a_failure_says_how_many_attempts_were_made_without_retries(
+        llm: FakeLLM, model: str) -> None:
+    llm.script(model, [Turn(fail_status=503, error_message="overloaded")])
+    error = failure(gateway.stream_chat(config(llm, model, max_retries=0), MESSAGES))
+    assert "1 attempt made; max_retries is 0" in str(error) and error.attempts == 1
+
+
 def test_the_fake_server_also_answers_non_streaming_requests(llm: FakeLLM, model: str) -> None:
     llm.script(model, [Turn(text="plain", tool_calls=[{"id": "c1", "name": "echo",
                                                         "arguments": {"message": 1}}])])
