@@ -10,11 +10,6 @@ from cortex_worker.settings import Settings, get_settings
 
 POOLS = ("agent", "tool", "llm", "relic", "docker")
 
-# Queue of each action type; tools route by runtime (see tools.spec.queue_for).
-TYPE_QUEUES = {"tool": "tool", "llm": "llm", "agent": "agent", "relic": "relic",
-               "workflow": "agent", "internal": "agent"}
-
-
 def restore_lock_expiry(visibility_timeout_s: int) -> int:
     """Seconds kombu's restore lock lives: the visibility timeout, within 5..60 s."""
     return max(5, min(60, visibility_timeout_s))

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from cortex_worker.app import TYPE_QUEUES, app
+from cortex_worker.actions import table
+from cortex_worker.app import app
 from cortex_worker.plan.canvas import Step, to_canvas
 from cortex_worker.runtime import get_registry
-from cortex_worker.tools.spec import queue_for
 
 ACTION_TASK = "cortex.action"
 CANVAS_TASK = "cortex.action.canvas"
@@ -25,11 +25,8 @@ def task_id(job_id: str, action_id: str) -> str:
 
 
 def queue_of(spec: Mapping[str, Any]) -> str:
-    """The pool queue of an action: by type, and tools by their runtime."""
-    if spec["type"] == "tool":
-        tool = get_registry().tools.get(spec["name"])
-        return queue_for(tool) if tool is not None else "tool"
-    return TYPE_QUEUES[spec["type"]]
+    """The pool queue of an action (the action-type table's route)."""
+    return table.queue_of(get_registry(), spec)
 
 
 def _options(job_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:

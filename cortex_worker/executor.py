@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cortex_worker import dispatch
+from cortex_worker.actions.table import ACTION_TYPES, runner_of
 from cortex_worker.jobs import JobOptions, cancel_job, on_drained
 from cortex_worker.llm.stream import ModelError
 from cortex_worker.owners import dead_here, owner
@@ -21,7 +22,7 @@ from cortex_worker.protocol.variables import find_references, substitute
 from cortex_worker.runtime import get_registry, get_store
 from cortex_worker.settings import get_settings
 from cortex_worker.store import Store, dumps
-from cortex_worker.targets import RUNNERS, Call, Deferred
+from cortex_worker.targets import Call, Deferred
 from cortex_worker.tools.errors import ToolError, ToolTimeout
 
 log = logging.getLogger(__name__)
@@ -30,14 +31,11 @@ LEASE_GRACE_S = 30.0
 
 
 def action_timeout(spec: Mapping[str, Any]) -> float:
-    """The action's own timeout, else its tool's, else the default."""
+    """The action's own timeout, else its type's for its target (a tool's), else the default."""
     if spec.get("timeout"):
         return float(spec["timeout"])
-    if spec["type"] == "tool":
-        tool = get_registry().tools.get(spec["name"])
-        if tool is not None and tool.timeout:
-            return float(tool.timeout)
-    return get_settings().default_action_timeout_s
+    own = ACTION_TYPES[spec["type"]].timeout(get_registry(), spec["name"])
+    return own if own is not None else get_settings().default_action_timeout_s
 
 
 def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: bool) -> str:
@@ -102,11 +100,10 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
 def _run(job_id: str, action_id: str, spec: Mapping[str, Any], params: Any,
          timeout: float) -> tuple[str, Any, str | None]:
     """Run the action's target; returns (status, value, error) and never raises."""
-    runner = RUNNERS.get(spec["type"])
     try:
-        if runner is None:
+        if spec["type"] not in ACTION_TYPES:
             raise ToolError(f"{spec['type']} actions cannot run in this version")
-        value = runner(Call(job_id, action_id, spec, params, timeout, get_settings()))
+        value = runner_of(spec["type"])(Call(job_id, action_id, spec, params, timeout, get_settings()))
         return "ok", value, None
     except Deferred:
         return "deferred", None, None

@@ -15,19 +15,16 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from cortex_worker import dispatch
-from cortex_worker.agents.spec import INTERNAL_ACTIONS
+from cortex_worker.actions.table import ACTION_TYPES, Target
 from cortex_worker.plan.canvas import decompose
 from cortex_worker.plan.dag import Plan
 from cortex_worker.protocol import parser as p
 from cortex_worker.protocol.actions import Action
 from cortex_worker.protocol.document import Document, load_document
 from cortex_worker.protocol.variables import find_references, render
-from cortex_worker.relics.spec import check_relic_action
 from cortex_worker.runtime import get_registry
 from cortex_worker.settings import Settings, get_settings
 from cortex_worker.store import DEFAULT_TENANT, JOB_TERMINAL, Store, dumps
-from cortex_worker.tools.errors import ToolError
-from cortex_worker.tools.spec import validate_parameters
 from cortex_worker.workflows import spec as wf
 from cortex_worker.workflows.output import failure_message, output_names, render_output
 
@@ -66,55 +63,10 @@ def check_document(doc: Document) -> list[dict[str, Any]]:
         errors.append(_problem("too_many_actions", f"{len(doc.actions)} actions; at most "
                                f"{settings.max_actions_per_job} are allowed per job"))
     registry = get_registry()
-    tools = registry.tools
     for action in doc.actions:
-        where = (action.line, action.column)
-        if action.type.value == "agent":
-            if action.name not in registry.agents:
-                known = ", ".join(sorted(registry.agents)) or "none"
-                errors.append(_problem("unknown_agent", f"action {action.id!r}: no agent named "
-                                       f"{action.name!r} (registered: {known})", *where))
-            continue
-        if action.type.value == "workflow":
-            flow = registry.workflows.get(action.name)
-            if flow is None:
-                known = ", ".join(sorted(registry.workflows)) or "none"
-                errors.append(_problem("unknown_workflow", f"action {action.id!r}: no workflow "
-                                       f"named {action.name!r} (registered: {known})", *where))
-            elif not find_references(action.parameters):
-                bad = wf.input_errors(flow, wf.prepare_inputs(flow, action.parameters))
-                if bad:
-                    errors.append(_problem("invalid_parameters", f"action {action.id!r} "
-                                           f"(workflow {action.name}): {bad[0][1]}", *where))
-            continue
-        if action.type.value == "internal":
-            if action.name not in INTERNAL_ACTIONS:
-                errors.append(_problem("unknown_internal_action", f"action {action.id!r}: no "
-                                       f"internal action {action.name!r} (one of: "
-                                       f"{', '.join(INTERNAL_ACTIONS)})", *where))
-            continue
-        if action.type.value == "relic":
-            errors.extend(_problem(kind, f"action {action.id!r}: {message}", *where) for kind, message
-                          in check_relic_action(registry.relics, action.name, action.parameters))
-            continue
-        if action.type.value == "llm":
-            if settings.document_model is None:
-                errors.append(_problem("unsupported_action", f"action {action.id!r}: llm actions "
-                                       "in documents need a model: set CORTEX_DOCUMENT_MODEL "
-                                       f"(llm {action.name!r} cannot run)", *where))
-            continue
-        spec = tools.get(action.name)
-        if spec is None:
-            known = ", ".join(sorted(tools)) or "none"
-            errors.append(_problem("unknown_tool", f"action {action.id!r}: no tool named "
-                                   f"{action.name!r} (registered: {known})", *where))
-            continue
-        if not find_references(action.parameters):
-            try:
-                validate_parameters(spec, action.parameters)
-            except ToolError as exc:
-                errors.append(_problem("invalid_parameters",
-                                       f"action {action.id!r} ({action.name}): {exc}", *where))
+        target = Target(f"action {action.id!r}", action.name, action.parameters, registry, settings)
+        errors.extend(_problem(kind, message, action.line, action.column)
+                      for kind, message in ACTION_TYPES[action.type.value].check(target))
     return errors
 
 

@@ -1,4 +1,4 @@
-"""What an action runs, by type: one runner per action type, used by every pool.
+"""The runners of tool, llm, agent and internal actions (named by `actions.table`).
 
 A runner takes a `Call` and returns the action's value, or raises `ToolError` (a clean
 failure), `ToolTimeout`, `ModelError`, or `Deferred` (a child job will record the outcome).
@@ -7,20 +7,18 @@ failure), `ToolTimeout`, `ModelError`, or `Deferred` (a child job will record th
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.gateway import complete
-from cortex_worker.relics.runner import run_relic_action
 from cortex_worker.runtime import get_registry, get_store
 from cortex_worker.settings import Settings
 from cortex_worker.store import dumps
 from cortex_worker.tools.context import ToolContext, workspace_for
 from cortex_worker.tools.errors import ToolError
 from cortex_worker.tools.runtime import run_tool
-from cortex_worker.workflows.runner import run_workflow_action
 
 
 class Deferred(Exception):
@@ -77,20 +75,3 @@ def run_agent_action(call: Call) -> Any:
     submit_agent(get_store(), call.spec["name"], text, parent=(call.job_id, call.action_id),
                  depth=int(call.spec.get("depth") or 0) + 1)
     raise Deferred
-
-
-def run_internal_action(call: Call) -> Any:
-    """Change the job's own feeds or variables (see `internal.py`)."""
-    from cortex_worker.internal import run_internal_action as run
-
-    return run(call)
-
-
-RUNNERS: dict[str, Callable[[Call], Any]] = {
-    "internal": run_internal_action,
-    "tool": run_tool_action,
-    "llm": run_llm_action,
-    "agent": run_agent_action,
-    "relic": run_relic_action,
-    "workflow": run_workflow_action,
-}

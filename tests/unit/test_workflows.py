@@ -478,7 +478,9 @@ def test_documents_may_run_registered_workflows(test_registry: Any) -> None:
 
 
 class FakeStore:
-    """The few Store calls `submit_workflow` makes, in memory."""
+    """The few Store calls `submit_workflow` makes, in memory; job `p` is a running parent."""
+
+    PARENTS = frozenset({"p"})
 
     def __init__(self) -> None:
         self.jobs: dict[str, dict[str, Any]] = {}
@@ -487,6 +489,8 @@ class FakeStore:
         self.events: list[tuple[str, str, dict[str, Any]]] = []
 
     def get_job(self, job_id: str) -> dict[str, Any] | None:
+        if job_id in self.PARENTS:
+            return {"id": job_id, "status": "running"}
         return self.jobs.get(job_id)
 
     def create_job(self, job_id: str, fields: dict[str, Any], ttl: int,
@@ -501,7 +505,8 @@ class FakeStore:
     def add_child(self, job_id: str, child: str) -> None:
         self.children.setdefault(job_id, set()).add(child)
 
-    def emit(self, job_id: str, events: list[tuple[str, dict[str, Any]]]) -> None:
+    def emit(self, job_id: str, events: list[tuple[str, dict[str, Any]]], *,
+             live: bool = False) -> None:
         self.events += [(job_id, kind, data) for kind, data in events]
 
 
