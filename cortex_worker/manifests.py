@@ -36,9 +36,8 @@ from pydantic import BaseModel, ValidationError
 
 from cortex_worker.agents.spec import INTERNAL_ACTIONS, AgentSpec
 from cortex_worker.relics.spec import RelicSpec, builtin_relics, check_relic, link_relic
-from cortex_worker.tools.builtin import builtin_specs
 from cortex_worker.tools.errors import ToolError
-from cortex_worker.tools.spec import ToolSpec
+from cortex_worker.tools.spec import BUILTIN_TOOLS, ToolSpec
 from cortex_worker.workflows.spec import WorkflowSpec, check_workflow, link_workflow
 
 BUILTIN_SOURCE = "<built-in>"
@@ -216,11 +215,23 @@ def _link_agent(spec: AgentSpec, registry: Registry, path: Path) -> AgentSpec:
     return spec.model_copy(update={"system_prompt": text})
 
 
+def _link_workflow(spec: WorkflowSpec, registry: Registry, path: Path) -> WorkflowSpec:
+    """What the steps name must exist (`link_workflow` is given the registry's tables)."""
+    link_workflow(spec, tools=registry.tools, agents=registry.agents,
+                  workflows=registry.workflows, relics=registry.relics)
+    return spec
+
+
+def _link_relic(spec: RelicSpec, registry: Registry, path: Path) -> RelicSpec:
+    """An http relic's command runs in its manifest's directory."""
+    return link_relic(spec, path)
+
+
 KINDS: dict[str, Kind] = {
     "Tool": Kind("Tool", "tools", ToolSpec, _check_tool),
     "Agent": Kind("Agent", "agents", AgentSpec, _check_agent, _link_agent),
-    "Workflow": Kind("Workflow", "workflows", WorkflowSpec, check_workflow, link_workflow),
-    "Relic": Kind("Relic", "relics", RelicSpec, check_relic, link_relic),
+    "Workflow": Kind("Workflow", "workflows", WorkflowSpec, check_workflow, _link_workflow),
+    "Relic": Kind("Relic", "relics", RelicSpec, check_relic, _link_relic),
 }
 SECTIONS: dict[str, Kind] = {kind.section: kind for kind in KINDS.values()}
 
@@ -228,7 +239,7 @@ SECTIONS: dict[str, Kind] = {kind.section: kind for kind in KINDS.values()}
 def load_registry(directory: Path | None) -> Registry:
     """Built-in tools plus every manifest under `directory` (None or missing: built-ins only)."""
     registry = Registry()
-    for name, spec in builtin_specs().items():
+    for name, spec in BUILTIN_TOOLS.items():
         registry.tools[name] = spec
         registry.sources[("Tool", name)] = BUILTIN_SOURCE
     for name, relic in builtin_relics().items():

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
@@ -42,8 +42,6 @@ from cortex_worker.tools.spec import (
     describe_error,
 )
 
-if TYPE_CHECKING:
-    from cortex_worker.manifests import Registry
 COMMAND_PLACEHOLDERS = ("port", "python", "manifest_dir")
 """What `{...}` may name in a relic's `command`."""
 # `{name}` is a placeholder; `{{` and `}}` are literal braces (as in str.format).
@@ -250,8 +248,8 @@ def check_relic(spec: RelicSpec) -> str | None:
     return None
 
 
-def link_relic(spec: RelicSpec, registry: Registry, path: Path) -> RelicSpec:
-    """Remember the manifest's directory: an http relic's command runs there (`Kind.link`)."""
+def link_relic(spec: RelicSpec, path: Path) -> RelicSpec:
+    """The spec remembering its manifest's directory: an http relic's command runs there."""
     linked = spec.model_copy()
     linked._base_dir = path.parent.resolve()
     return linked

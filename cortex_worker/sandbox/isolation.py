@@ -16,7 +16,9 @@
 
 All of it runs between fork and exec, in Python, with values computed beforehand in the worker.
 A failure there is reported on the tool's stderr with the `cortex-sandbox:` prefix and exit
-status 126, which `run_sandboxed` turns into a `SandboxError`.
+status 126, which `setup_error` reads back (`run_sandboxed` raises it as a `SandboxError`).
+
+Nothing here imports `process`: `unavailable_reason` probes this machine with `plan` alone.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import pwd
 import resource
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +66,7 @@ _CAP_VERSION_3 = 0x20080522
 FAILED = 126
 """Exit status of a sandbox whose set-up failed (stderr starts with `PREFIX`)."""
 PREFIX = b"cortex-sandbox: "
+PROBE_TIMEOUT_S = 10
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,13 @@ class _Plan:
     cap_last: int
     max_fd: int
     libc: ctypes.CDLL = field(repr=False)
+
+
+def setup_error(returncode: int, stderr: bytes | bytearray) -> str | None:
+    """What went wrong setting a sandbox up, as its processes reported it; None if nothing."""
+    if returncode == FAILED and stderr.startswith(PREFIX):
+        return stderr[len(PREFIX):].decode(errors="replace").strip()
+    return None
 
 
 def _libc() -> ctypes.CDLL:
@@ -373,20 +384,29 @@ def _exit_like(status: int) -> None:
 
 @cache
 def unavailable_reason() -> str | None:
-    """Why namespaces cannot isolate sandboxes here (None: they can). Probed once per process."""
-    from cortex_worker.sandbox.process import SandboxError, run_sandboxed
-
+    """Why namespaces cannot isolate sandboxes here (None: they can). Probed once per process:
+    `/bin/sh -c 'exit 0'` started through `plan` alone, as `run_sandboxed` would start it."""
     probe = Path(f"/tmp/cortex-sandbox-probe-{os.getpid()}")
     probe.mkdir(exist_ok=True)
     try:
-        result = run_sandboxed(["/bin/sh", "-c", "exit 0"], cwd=probe, timeout=10,
-                               isolation=Isolation(writable=probe))
-    except SandboxError as exc:
-        return str(exc)
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", "exit 0"], cwd=probe, env={"PATH": "/usr/bin:/bin"},
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            start_new_session=True, close_fds=True, preexec_fn=plan(Isolation(writable=probe)))
+        try:
+            _, stderr = proc.communicate(timeout=PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # not reaped yet: the group id is still its own
+            proc.wait()
+            return f"the probe did not finish within {PROBE_TIMEOUT_S} s"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"cannot start the probe: {exc}"
     finally:
         probe.rmdir()
-    if result.returncode != 0:
-        return f"the probe exited with status {result.returncode}"
+    if (reason := setup_error(proc.returncode, stderr)) is not None:
+        return reason
+    if proc.returncode != 0:
+        return f"the probe exited with status {proc.returncode}"
     return None
 
 

@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from cortex_worker.sandbox.isolation import FAILED, PREFIX, Isolation
+from cortex_worker.sandbox.isolation import Isolation, setup_error
 from cortex_worker.sandbox.isolation import plan as isolation_plan
-from cortex_worker.sandbox.limits import Limits
+from cortex_worker.tools.spec import Limits
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 DEFAULT_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
@@ -256,8 +256,8 @@ def run_sandboxed(
             shutdown = proc.pid in _shutdown_killed
             _shutdown_killed.discard(proc.pid)
 
-    if proc.returncode == FAILED and capture.err.startswith(PREFIX):
-        raise SandboxError(capture.err[len(PREFIX):].decode(errors="replace").strip())
+    if (reason := setup_error(proc.returncode, capture.err)) is not None:
+        raise SandboxError(reason)
     return SandboxResult(
         returncode=proc.returncode,
         stdout=bytes(capture.out),

@@ -1,24 +1,5 @@
-"""Tools: specs (`kind: Tool` manifests), built-ins, and running a tool call.
+"""Tools: `spec` (`kind: Tool` manifests and the built-ins' specs), `runtime` (running a call).
 
-from cortex_worker.tools import ToolContext, run_tool
-result = run_tool(registry.tools["calculator"], {"expression": "6*7"}, ctx)
+Kept import-free on purpose: the API reads `spec` without loading the tool implementations
+(`builtin`, `sandboxed`, …) or the sandbox. Import from the submodules.
 """
-
-from cortex_worker.tools.builtin import BUILTINS
-from cortex_worker.tools.context import ToolContext, workspace_for
-from cortex_worker.tools.errors import ToolError, ToolTimeout
-from cortex_worker.tools.runtime import run_tool
-from cortex_worker.tools.spec import Limits, ToolSpec, queue_for, validate_parameters
-
-__all__ = [
-    "BUILTINS",
-    "Limits",
-    "ToolContext",
-    "ToolError",
-    "ToolSpec",
-    "ToolTimeout",
-    "queue_for",
-    "run_tool",
-    "validate_parameters",
-    "workspace_for",
-]

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import cortex_worker
 from cortex_worker.tools import sandboxed
-from cortex_worker.tools.builtin import BUILTINS
 from cortex_worker.tools.context import ToolContext
 from cortex_worker.tools.errors import ToolError
 from cortex_worker.tools.spec import ToolSpec, render_argv, validate_parameters
@@ -21,6 +22,8 @@ PACKAGE_ROOT = Path(cortex_worker.__file__).resolve().parent.parent
 """The directory holding `cortex_worker`, so the sandbox runner is importable."""
 
 RUNNER = "cortex_worker.sandbox.runner"
+
+BuiltinFn = Callable[[dict[str, Any], ToolContext], Any]
 
 
 def run_tool(
@@ -46,11 +49,17 @@ def run_tool(
 
 
 def _builtin(spec: ToolSpec, params: dict[str, Any], ctx: ToolContext) -> Any:
-    try:
-        _, fn = BUILTINS[spec.name]
-    except KeyError:
-        raise ToolError(f"there is no built-in tool {spec.name!r}") from None
-    return fn(params, ctx)
+    if spec.entrypoint is None:
+        raise ToolError(f"there is no built-in tool {spec.name!r}")
+    return builtin_function(spec.entrypoint)(params, ctx)
+
+
+@cache
+def builtin_function(entrypoint: str) -> BuiltinFn:
+    """The `module:function` of a built-in tool, imported on its first call in this process."""
+    module, _, name = entrypoint.partition(":")
+    function: BuiltinFn = getattr(importlib.import_module(module), name)
+    return function
 
 
 def _python(

@@ -11,12 +11,12 @@ from typing import Any
 
 from cortex_worker.sandbox import isolation
 from cortex_worker.sandbox.isolation import Isolation
-from cortex_worker.sandbox.limits import Limits
 from cortex_worker.sandbox.process import SandboxError, SandboxResult, run_sandboxed
 from cortex_worker.sandbox.runner import parse_last_line
 from cortex_worker.settings import Settings
 from cortex_worker.tools.context import ToolContext, tool_user
 from cortex_worker.tools.errors import ToolError, ToolTimeout
+from cortex_worker.tools.spec import Limits
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""`kind: Tool` manifests: the ToolSpec model, parameter validation and queue routing."""
+"""`kind: Tool` manifests: the ToolSpec model, the built-in tools' specs, parameter validation
+and queue routing. Nothing here imports a tool's implementation: the API lists tools from it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError, best_match
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from cortex_worker.sandbox.limits import Limits
 from cortex_worker.tools.errors import ToolError
 
 __all__ = [
@@ -43,8 +43,19 @@ _RUNTIME_FIELDS: dict[str, tuple[set[str], set[str]]] = {
     "python": ({"entrypoint"}, {"entrypoint", "network"}),
     "shell": ({"command"}, {"command", "network"}),
     "docker": ({"image"}, {"image", "command", *_DOCKER_OPTIONS}),
-    "builtin": (set(), set()),
+    "builtin": (set(), {"entrypoint"}),
 }
+
+
+class Limits(BaseModel):
+    """rlimits applied to a tool's sandboxed process tree (inherited by its children)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cpu_seconds: int = Field(default=30, gt=0, description="RLIMIT_CPU (SIGXCPU, then SIGKILL +1s)")
+    memory_mb: int = Field(default=512, gt=0, description="RLIMIT_AS: address space, not RSS")
+    processes: int = Field(default=64, gt=0, description="RLIMIT_NPROC (per user; not for root)")
+    file_mb: int = Field(default=64, gt=0, description="RLIMIT_FSIZE: largest file it may write")
 
 
 def check_env_names(env: dict[str, str]) -> dict[str, str]:
@@ -64,7 +75,10 @@ class ToolSpec(BaseModel):
     name: str = Field(description="letters, digits, _ . -; at most 64")
     description: str = ""
     runtime: Runtime
-    entrypoint: str | None = Field(default=None, description="python: module:function")
+    entrypoint: str | None = Field(
+        default=None, description="python: module:function, run in the sandbox; builtin: the "
+        "worker's module:function, imported when a worker first runs the tool"
+    )
     command: list[str] | None = Field(
         default=None, min_length=1, description="shell/docker argv template with {param}s"
     )
@@ -252,3 +266,129 @@ def describe_error(error: ValidationError) -> str:
 def queue_for(spec: ToolSpec) -> str:
     """The Celery queue that runs this tool."""
     return "docker" if spec.runtime == "docker" else "tool"
+
+
+# ---------------------------------------------------------------- built-in tools
+
+
+def _builtin(name: str, function: str, description: str, parameters: dict[str, Any],
+             **extra: Any) -> ToolSpec:
+    return ToolSpec(name=name, description=description, runtime="builtin",
+                    entrypoint=f"cortex_worker.tools.builtin:{function}", parameters=parameters,
+                    **extra)
+
+
+def _object(
+    properties: dict[str, Any], required: tuple[str, ...] = (), **extra: Any
+) -> dict[str, Any]:
+    schema = {"type": "object", "properties": properties, "required": list(required)}
+    schema.setdefault("additionalProperties", False)
+    schema.update(extra)
+    return schema
+
+
+_PATH = {"type": "string", "minLength": 1, "description": "relative to the job workspace"}
+_MAX_BYTES = {"type": "integer", "minimum": 1, "maximum": 16 * 1024 * 1024}
+
+BUILTIN_TOOLS: dict[str, ToolSpec] = {spec.name: spec for spec in (
+    _builtin(
+        "echo", "echo",
+        "Return `message`, or the whole parameters object when there is no `message`.",
+        {"type": "object", "properties": {"message": {"description": "any JSON value"}}},
+    ),
+    _builtin(
+        "sleep", "sleep",
+        "Sleep for `seconds` (at most the action's timeout) and return {slept}.",
+        _object({"seconds": {"type": "number", "minimum": 0}}, ("seconds",)),
+        returns=_object({"slept": {"type": "number"}}),
+    ),
+    _builtin(
+        "calculator", "calculate",
+        "Evaluate an arithmetic expression: numbers, + - * / // % **, parentheses, "
+        "sqrt log log10 log2 exp sin cos tan floor ceil abs round min max, pi e tau.",
+        _object({"expression": {"type": "string", "minLength": 1, "maxLength": 1000}},
+                ("expression",)),
+        returns={"type": "number"},
+    ),
+    _builtin(
+        "python", "python",
+        "Run a Python snippet in a sandbox in the job workspace; returns what it printed "
+        "and the value of its last expression.",
+        _object({"code": {"type": "string", "minLength": 1}}, ("code",)),
+        returns=_object({"stdout": {"type": "string"}, "result": {}}),
+    ),
+    _builtin(
+        "http_get", "http_get",
+        "HTTP GET on a loopback or allow-listed host; returns status, headers, text.",
+        _object(
+            {
+                "url": {"type": "string", "minLength": 1},
+                "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+                "max_bytes": _MAX_BYTES,
+            },
+            ("url",),
+        ),
+        returns=_object(
+            {
+                "status": {"type": "integer"},
+                "url": {"type": "string"},
+                "headers": {"type": "object"},
+                "text": {"type": "string"},
+                "truncated": {"type": "boolean"},
+            }
+        ),
+    ),
+    _builtin(
+        "read_file", "read_file",
+        "Read a text file of the job workspace.",
+        _object({"path": _PATH, "max_bytes": _MAX_BYTES}, ("path",)),
+        returns=_object(
+            {
+                "path": {"type": "string"},
+                "content": {"type": "string"},
+                "size": {"type": "integer"},
+                "truncated": {"type": "boolean"},
+            }
+        ),
+    ),
+    _builtin(
+        "write_file", "write_file",
+        "Write (or append) a text file in the job workspace, creating directories.",
+        _object(
+            {"path": _PATH, "content": {"type": "string"}, "append": {"type": "boolean"}},
+            ("path", "content"),
+        ),
+        returns=_object(
+            {
+                "path": {"type": "string"},
+                "bytes": {"type": "integer"},
+                "appended": {"type": "boolean"},
+            }
+        ),
+    ),
+    _builtin(
+        "grep", "grep",
+        "Search the workspace's text files for a regular expression; returns "
+        "[{path, line, text}].",
+        _object(
+            {
+                "pattern": {"type": "string", "minLength": 1},
+                "path": {**_PATH, "default": "."},
+                "max_matches": {"type": "integer", "minimum": 1, "maximum": 10000},
+                "ignore_case": {"type": "boolean"},
+            },
+            ("pattern",),
+        ),
+        returns={
+            "type": "array",
+            "items": _object(
+                {
+                    "path": {"type": "string"},
+                    "line": {"type": "integer"},
+                    "text": {"type": "string"},
+                }
+            ),
+        },
+    ),
+)}
+"""The tools built into every worker, by name; each `entrypoint` is its `fn(params, ctx)`."""

@@ -13,8 +13,8 @@ name exist; workflows do not call each other in a circle).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Collection, Mapping
+from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError as SchemaValidationError
@@ -24,13 +24,9 @@ from cortex_worker.llm.config import ModelConfig
 from cortex_worker.plan.dag import Plan, build_plan
 from cortex_worker.protocol.actions import Action, ActionError, build_action, parse_depends_on
 from cortex_worker.protocol.variables import find_references, iter_references
+from cortex_worker.relics.spec import RelicSpec, check_relic_action
 from cortex_worker.tools.errors import ToolError
-from cortex_worker.tools.spec import check_name, check_object_schema, validate_parameters
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from cortex_worker.manifests import Registry
+from cortex_worker.tools.spec import ToolSpec, check_name, check_object_schema, validate_parameters
 
 __all__ = [
     "INPUTS",
@@ -262,7 +258,8 @@ def check_workflow(spec: WorkflowSpec) -> str | None:
     return None
 
 
-def _workflow_loop(name: str, registry: Registry, start: str) -> list[str] | None:
+def _workflow_loop(name: str, workflows: Mapping[str, WorkflowSpec],
+                   start: str) -> list[str] | None:
     """A chain of workflow steps from `name` back to `start`, if there is one."""
     stack: list[tuple[str, list[str]]] = [(name, [start, name])]
     seen: set[str] = set()
@@ -271,7 +268,7 @@ def _workflow_loop(name: str, registry: Registry, start: str) -> list[str] | Non
         if current in seen:
             continue
         seen.add(current)
-        spec = registry.workflows.get(current)
+        spec = workflows.get(current)
         if spec is None:
             continue
         for step in spec.steps:
@@ -283,15 +280,18 @@ def _workflow_loop(name: str, registry: Registry, start: str) -> list[str] | Non
     return None
 
 
-def link_workflow(spec: WorkflowSpec, registry: Registry, path: Path) -> WorkflowSpec:
-    """Check what the steps name against the registry (every manifest is loaded)."""
+def link_workflow(spec: WorkflowSpec, *, tools: Mapping[str, ToolSpec], agents: Collection[str],
+                  workflows: Mapping[str, WorkflowSpec], relics: Mapping[str, RelicSpec]) -> None:
+    """Check what the steps name against every manifest loaded: ValueError (field path first).
+
+    Given the tables, not the `Registry`, so that the registry's module stays above this one."""
     for index, step in enumerate(spec.steps):
         label = _label(index, step)
         literal = not find_references(step.parameters)
         if step.type == "tool":
-            tool = registry.tools.get(step.name)
+            tool = tools.get(step.name)
             if tool is None:
-                known = ", ".join(sorted(registry.tools)) or "none"
+                known = ", ".join(sorted(tools)) or "none"
                 raise ValueError(f"{label}: unknown tool {step.name!r}; declare it with kind: "
                                  f"Tool (known tools: {known})")
             if literal:
@@ -300,19 +300,19 @@ def link_workflow(spec: WorkflowSpec, registry: Registry, path: Path) -> Workflo
                 except ToolError as exc:
                     raise ValueError(f"{label}: tool {step.name!r}: {exc}") from None
         elif step.type == "agent":
-            if step.name not in registry.agents:
-                known = ", ".join(sorted(registry.agents)) or "none"
+            if step.name not in agents:
+                known = ", ".join(sorted(agents)) or "none"
                 raise ValueError(f"{label}: unknown agent {step.name!r}; declare it with kind: "
                                  f"Agent (known agents: {known})")
         elif step.type == "workflow":
             if step.name == spec.name:
                 raise ValueError(f"{label}: a workflow cannot run itself")
-            child = registry.workflows.get(step.name)
+            child = workflows.get(step.name)
             if child is None:
-                known = ", ".join(sorted(registry.workflows)) or "none"
+                known = ", ".join(sorted(workflows)) or "none"
                 raise ValueError(f"{label}: unknown workflow {step.name!r}; declare it with "
                                  f"kind: Workflow (known workflows: {known})")
-            loop = _workflow_loop(step.name, registry, spec.name)
+            loop = _workflow_loop(step.name, workflows, spec.name)
             if loop:
                 raise ValueError(f"{label}: workflows call each other in a circle: "
                                  + " -> ".join(loop))
@@ -321,9 +321,6 @@ def link_workflow(spec: WorkflowSpec, registry: Registry, path: Path) -> Workflo
                 if problems:
                     raise ValueError(f"{label}: workflow {step.name!r}: {problems[0][1]}")
         elif step.type == "relic":
-            from cortex_worker.relics.spec import check_relic_action
-
-            problems = check_relic_action(registry.relics, step.name, step.parameters)
+            problems = check_relic_action(relics, step.name, step.parameters)
             if problems:
                 raise ValueError(f"{label}: {problems[0][1]}")
-    return spec

@@ -11,7 +11,7 @@ from cortex_api.app import create_app
 from cortex_api.routes.registry import registry_dep
 from cortex_worker.manifests import ManifestError, Registry, UnknownAgentError, load_registry
 from cortex_worker.settings import Settings
-from cortex_worker.tools import BUILTINS
+from cortex_worker.tools.spec import BUILTIN_TOOLS
 from tests.manifest_helpers import (
     EXAMPLE_MANIFESTS,
     TEST_AGENTS,
@@ -237,7 +237,7 @@ def test_unknown_agent_is_404(client: TestClient) -> None:
 def test_tools_routes(client: TestClient) -> None:
     items = client.get("/v1/tools").json()["items"]
     names = [item["name"] for item in items]
-    assert names == sorted(names) and set(BUILTINS) <= set(names) and "web_scraper" in names
+    assert names == sorted(names) and set(BUILTIN_TOOLS) <= set(names) and "web_scraper" in names
     calculator = client.get("/v1/tools/calculator").json()
     assert calculator["runtime"] == "builtin"
     assert calculator["parameters"]["required"] == ["expression"]

@@ -21,8 +21,8 @@ import pytest
 
 from cortex_worker.sandbox import isolation
 from cortex_worker.sandbox.isolation import Isolation, interpreter_paths, mount_points, veils
-from cortex_worker.sandbox.limits import Limits
 from cortex_worker.sandbox.process import SandboxError, SandboxResult, run_sandboxed
+from cortex_worker.tools.spec import Limits
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,8 @@ import pytest
 
 from cortex_worker.manifests import BUILTIN_SOURCE, Registry, load_registry
 from cortex_worker.protocol.document import load_document
-from cortex_worker.tools import BUILTINS, ToolError, validate_parameters
+from cortex_worker.tools.errors import ToolError
+from cortex_worker.tools.spec import BUILTIN_TOOLS, validate_parameters
 from tests.manifest_helpers import (
     CORPUS,
     EXAMPLE_MANIFESTS,
@@ -39,14 +40,14 @@ def _chdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_builtins_only() -> None:
     for registry in (load_registry(None), load_registry(Path("does/not/exist"))):
-        assert set(registry.tools) == set(BUILTINS)
+        assert set(registry.tools) == set(BUILTIN_TOOLS)
         assert registry.source("Tool", "echo") == BUILTIN_SOURCE
         assert registry.module_paths == [] and registry.directory is None
 
 
 def test_test_manifests_load() -> None:
     registry = load_registry(TEST_MANIFESTS)
-    assert set(registry.tools) == TEST_TOOLS | set(BUILTINS)
+    assert set(registry.tools) == TEST_TOOLS | set(BUILTIN_TOOLS)
     assert registry.module_paths == [TEST_MANIFESTS.resolve()]
     assert registry.tools["word_count"].command == ["wc", "-w", "{path}"]
     assert registry.source("Tool", "web_scraper").endswith("tests/manifests/tools.yaml")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from cortex_worker.sandbox import process, runner, snippet
-from cortex_worker.sandbox.limits import Limits
 from cortex_worker.sandbox.process import SandboxError, kill_all, live_groups, run_sandboxed
+from cortex_worker.tools.spec import Limits
 
 pytestmark = pytest.mark.unit
 

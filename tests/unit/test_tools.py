@@ -16,20 +16,19 @@ import pytest
 
 from cortex_worker.manifests import Registry, load_registry
 from cortex_worker.settings import Settings
-from cortex_worker.tools import (
-    BUILTINS,
-    ToolContext,
-    ToolError,
-    ToolSpec,
-    ToolTimeout,
-    queue_for,
-    run_tool,
-    validate_parameters,
-    workspace_for,
-)
+from cortex_worker.tools import calculator
 from cortex_worker.tools import http as http_tool
 from cortex_worker.tools.calculator import evaluate
-from cortex_worker.tools.spec import render_argv
+from cortex_worker.tools.context import ToolContext, workspace_for
+from cortex_worker.tools.errors import ToolError, ToolTimeout
+from cortex_worker.tools.runtime import builtin_function, run_tool
+from cortex_worker.tools.spec import (
+    BUILTIN_TOOLS,
+    ToolSpec,
+    queue_for,
+    render_argv,
+    validate_parameters,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -438,7 +437,7 @@ def test_tool_timeout_caps_the_context(ctx: ToolContext) -> None:
 
 def test_docker_runtime_and_queues(ctx: ToolContext) -> None:
     spec = ToolSpec(name="boxed", runtime="docker", image="alpine:3", command=["echo", "hi"])
-    assert queue_for(spec) == "docker" and queue_for(BUILTINS["echo"][0]) == "tool"
+    assert queue_for(spec) == "docker" and queue_for(BUILTIN_TOOLS["echo"]) == "tool"
     with pytest.raises(ToolError, match="docker pool"):
         run_tool(spec, {}, ctx)
 
@@ -465,7 +464,7 @@ def test_validate_parameters_names_the_nested_field() -> None:
 
 
 def test_every_builtin_has_a_valid_spec() -> None:
-    assert set(BUILTINS) == {
+    assert set(BUILTIN_TOOLS) == {
         "echo",
         "sleep",
         "calculator",
@@ -475,6 +474,9 @@ def test_every_builtin_has_a_valid_spec() -> None:
         "write_file",
         "grep",
     }
-    for name, (spec, fn) in BUILTINS.items():
-        assert spec.name == name and spec.runtime == "builtin" and spec.description and callable(fn)
+    for name, spec in BUILTIN_TOOLS.items():
+        assert spec.name == name and spec.runtime == "builtin" and spec.description
+        assert spec.entrypoint is not None and callable(builtin_function(spec.entrypoint))
         assert spec.parameters["type"] == "object"
+    expression = BUILTIN_TOOLS["calculator"].parameters["properties"]["expression"]
+    assert expression["maxLength"] == calculator.MAX_LENGTH
