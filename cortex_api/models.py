@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from cortex_worker.jobs import JobOptions
+from cortex_worker.options import JobOptions
 
 __all__ = ["ActionView", "HealthStatus", "JobCreate", "JobCreated", "JobLinks", "JobList",
            "JobOptions", "JobStatus", "JobStatusView", "JobSummary", "JobView", "Readiness",

@@ -17,7 +17,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from cortex_worker import dispatch, feeds
+from cortex_worker import dispatch, executor, feeds, jobs
 from cortex_worker.agents.prompt import (
     PROTOCOL_REMINDER,
     build_system_prompt,
@@ -27,10 +27,11 @@ from cortex_worker.agents.prompt import (
     tool_functions,
 )
 from cortex_worker.agents.spec import AgentSpec
-from cortex_worker.jobs import JobOptions, cancel_children, render_responses
+from cortex_worker.jobs import render_responses
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.gateway import open_stream
 from cortex_worker.llm.stream import ModelError, TextDelta, ToolCall, Usage, tool_call_to_protocol
+from cortex_worker.options import JobOptions
 from cortex_worker.owners import dead_here, owner
 from cortex_worker.plan.stream import StreamPlanner
 from cortex_worker.protocol import parser as p
@@ -395,22 +396,16 @@ def _start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPl
             return False
         ready = registered.ready
     if refusal is not None:
-        from cortex_worker.executor import record_outcome
-
-        record_outcome(store, job_id, action.id, spec, "error", None, refusal)
+        executor.record_outcome(store, job_id, action.id, spec, "error", None, refusal)
         return True
     if ready and action.type.value == "internal":  # runs here, in the coordinator
-        from cortex_worker.executor import execute
-
-        execute(job_id, action.id, spec, trigger=True)
+        executor.execute(job_id, action.id, spec, trigger=True)
     elif ready:
         dispatch.send(job_id, [spec])
     return True
 
 
 def _fail_unseen_dependencies(store: Store, job_id: str, planner: StreamPlanner, state: _Turn) -> None:
-    from cortex_worker.executor import record_outcome
-
     for action_id, missing in list(planner.waiting.items()):
         message = (f"action {action_id!r} depends on {', '.join(map(repr, missing))}, which no "
                    "action of this job has")
@@ -418,44 +413,22 @@ def _fail_unseen_dependencies(store: Store, job_id: str, planner: StreamPlanner,
         state.batch.append((p.PROTOCOL_ERROR, {"kind": "unknown_dependency", "message": message,
                                                "line": 0, "column": 0, "action_id": action_id}))
         spec = {"id": action_id}
-        record_outcome(store, job_id, action_id, spec, "error", None, message)
+        executor.record_outcome(store, job_id, action_id, spec, "error", None, message)
         del planner.waiting[action_id]
 
 
 def end_job(store: Store, job_id: str, status: str, *, result: str | None = None,
             error: str | None = None, turns: int | None = None) -> None:
-    """End an agent job and hand its outcome to the parent action, if any. `turns`: how many
-    turns ran (default: the job's turn counter, which counts a turn as soon as it begins)."""
+    """End an agent job (through `jobs.end_job`); a session gets its reply first. `turns`: how
+    many turns ran (default: the job's turn counter, which counts a turn as it begins)."""
     job = store.get_job(job_id) or {}
-    data: dict[str, Any] = {"status": status, "result": result, "error": error,
-                            "turns": int(job.get("turn") or 0) if turns is None else turns}
-    kind = {"completed": "job_completed", "cancelled": "job_cancelled"}.get(status, "job_failed")
     if job.get("status") in JOB_TERMINAL:
         return
     if job.get("session"):  # before the job ends, so its next message sees this reply
         store.append_session(job["session"], {
             "role": "assistant", "content": result if status == "completed" else
             f"[the job ended {status}: {error}]", "job_id": job_id})
-    ended = store.close(job_id, status, {"result": result or "", "error": error or "",
-                                         "turns": str(data["turns"])}, [(kind, data)])
-    if ended is not None:
-        dispatch.revoke(job_id, ended)
-        if status != "completed":
-            cancel_children(store, job_id)
-        notify_parent(store, job, status, result, error)
-
-
-def notify_parent(store: Store, job: dict[str, str], status: str, result: str | None,
-                  error: str | None) -> None:
-    """A child agent job ended: its result completes the parent's `type="agent"` action."""
-    parent, action_id = job.get("parent_job"), job.get("parent_action")
-    if not parent or not action_id:
-        return
-    from cortex_worker.executor import record_outcome
-
-    spec = store.spec(parent, action_id) or {"id": action_id}
-    if status == "completed":
-        record_outcome(store, parent, action_id, spec, "ok", result, None, trigger=True)
-    else:
-        record_outcome(store, parent, action_id, spec, "error", None,
-                       f"{job.get('kind') or 'child'} job {job.get('id')} {status}: {error}", trigger=True)
+    ran = int(job.get("turn") or 0) if turns is None else turns
+    jobs.end_job(store, job_id, status, {"status": status, "result": result, "error": error,
+                                         "turns": ran},
+                 {"result": result or "", "error": error or "", "turns": str(ran)}, result=result)

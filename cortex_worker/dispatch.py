@@ -91,6 +91,14 @@ def refresh_feed(job_id: str, feed_id: str, generation: int, countdown: float) -
                   countdown=countdown, argsrepr=f"({job_id!r}, {feed_id!r})")
 
 
+def refresh_feeds(job_id: str, feeds: Mapping[str, Any],
+                  generations: Mapping[str, int] | None = None) -> None:
+    """Start the refresh loop of each periodic feed (`FeedSpec`s by id)."""
+    for feed_id, feed in feeds.items():
+        if feed.type == "periodic" and feed.interval:
+            refresh_feed(job_id, feed_id, (generations or {}).get(feed_id, 0), countdown=0)
+
+
 def revoke(job_id: str, action_ids: Iterable[str]) -> None:
     """Revoke actions: queued ones never start, running ones are terminated."""
     ids = [task_id(job_id, a) for a in action_ids]

@@ -11,23 +11,49 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from cortex_worker import dispatch
+from cortex_worker.actions.call import Call, Deferred
 from cortex_worker.actions.table import ACTION_TYPES, runner_of
-from cortex_worker.jobs import JobOptions, cancel_job, on_drained
 from cortex_worker.llm.stream import ModelError
+from cortex_worker.options import JobOptions
 from cortex_worker.owners import dead_here, owner
 from cortex_worker.protocol.variables import find_references, substitute
 from cortex_worker.runtime import get_registry, get_store
 from cortex_worker.settings import get_settings
 from cortex_worker.store import Store, dumps
-from cortex_worker.targets import Call, Deferred
 from cortex_worker.tools.errors import ToolError, ToolTimeout
 
 log = logging.getLogger(__name__)
 
 LEASE_GRACE_S = 30.0
+
+
+class JobHooks(Protocol):
+    """What the executor asks of the job layer above it, which installs itself at import
+    (`cortex_worker.jobs`): arrows point down, calls up go through here."""
+
+    def drained(self, store: Store, job_id: str) -> None:
+        """Nothing is left to wait for: end the job, or take the agent's next turn."""
+
+    def fail(self, store: Store, job_id: str, reason: str) -> None:
+        """End the job `failed` now (fail_fast)."""
+
+
+_job_hooks: JobHooks | None = None
+
+
+def install_job_hooks(hooks: JobHooks) -> None:
+    """Called once by `cortex_worker.jobs` when it is imported."""
+    global _job_hooks
+    _job_hooks = hooks
+
+
+def _jobs() -> JobHooks:
+    if _job_hooks is None:
+        raise RuntimeError("no job layer installed: import cortex_worker.jobs first")
+    return _job_hooks
 
 
 def action_timeout(spec: Mapping[str, Any]) -> float:
@@ -68,7 +94,7 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
             continue
         if state == "done" and trigger:
             dispatch.send(job_id, store.queued_dependents(job_id, action_id))
-            on_drained(store, job_id)
+            _jobs().drained(store, job_id)
         return state
 
     attempt = int(claim[1])
@@ -116,20 +142,6 @@ def _run(job_id: str, action_id: str, spec: Mapping[str, Any], params: Any,
     except Exception as exc:  # a bug in a tool must not take the worker down
         log.exception("action %s of job %s crashed", action_id, job_id)
         return "error", None, f"{type(exc).__name__}: {exc}"
-
-
-def expire_deferred(job_id: str, action_id: str) -> None:
-    """A deferred action's timeout ran out: it ends `timeout` and its child job is cancelled."""
-    store = get_store()
-    spec = store.spec(job_id, action_id)
-    if spec is None or store.results(job_id, [action_id]):
-        return  # the child ended in time (or the job expired)
-    from cortex_worker.jobs import cancel_job, child_job_id
-
-    message = f"timed out after {spec['timeout']:g}s; its child job was cancelled"
-    record_outcome(store, job_id, action_id, spec, "timeout", None, message)
-    cancel_job(store, child_job_id(job_id, action_id), reason=f"the action {action_id!r} of job "
-               f"{job_id} that started it timed out")
 
 
 def invoke(job_id: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -180,11 +192,10 @@ def _record(store: Store, job_id: str, action_id: str, spec: Mapping[str, Any], 
     if status != "ok":
         job = store.get_job(job_id) or {}
         if JobOptions.model_validate_json(job.get("options") or "{}").fail_fast:
-            cancel_job(store, job_id, status="failed",
-                       reason=f"fail_fast: action {action_id!r} ended {status}: {error}")
+            _jobs().fail(store, job_id, f"fail_fast: action {action_id!r} ended {status}: {error}")
             return status
     if trigger and result.ready:
         dispatch.send(job_id, result.ready)
     if result.drained:
-        on_drained(store, job_id)
+        _jobs().drained(store, job_id)
     return status

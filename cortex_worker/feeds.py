@@ -17,7 +17,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cortex_worker import dispatch
 from cortex_worker.agents.spec import FeedSpec
+from cortex_worker.jobs import cancel_job, submit_workflow
+from cortex_worker.options import JobOptions
 from cortex_worker.runtime import get_registry
 from cortex_worker.store import JOB_TERMINAL, Store, dumps, job_keys
 
@@ -139,8 +142,6 @@ def _source(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> Any
         spec["model"] = _model(store, job_id, agent)
     if source.type == "workflow":
         return _run_workflow(store, job_id, source.name, source.params)
-    from cortex_worker import dispatch
-
     return dispatch.invoke(spec, timeout=SOURCE_TIMEOUT_S, job_id=job_id)
 
 
@@ -177,8 +178,6 @@ def _internal(store: Store, job_id: str, name: str) -> Any:
 def _run_workflow(store: Store, job_id: str, name: str, inputs: dict[str, Any]) -> Any:
     """Run the workflow as a job of the same tenant and wait for its output; it is cancelled
     if it outlives SOURCE_TIMEOUT_S or the job that wants it ends first."""
-    from cortex_worker.jobs import JobOptions, cancel_job, submit_workflow
-
     tenant = (store.get_job(job_id) or {}).get("tenant")
     child = submit_workflow(store, name, inputs, options=JobOptions(), tenant=tenant)
     deadline = time.monotonic() + SOURCE_TIMEOUT_S
@@ -232,12 +231,3 @@ def refresh(store: Store, job_id: str, feed_id: str, generation: int) -> float |
         store.set_variables(job_id, {feed_id: value})
         store.emit(job_id, [("feed_updated", {"feed_id": feed_id, "value": value})])
     return feed.interval
-
-
-def schedule_periodic(job_id: str, feeds: dict[str, FeedSpec], generations: dict[str, int]) -> None:
-    """Start the refresh loop of each periodic feed."""
-    from cortex_worker import dispatch
-
-    for feed_id, feed in feeds.items():
-        if feed.type == "periodic" and feed.interval:
-            dispatch.refresh_feed(job_id, feed_id, generations.get(feed_id, 0), countdown=0)

@@ -11,11 +11,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from cortex_worker import feeds
+from cortex_worker import dispatch, feeds
+from cortex_worker.actions.call import Call
 from cortex_worker.agents.spec import INTERNAL_ACTIONS
 from cortex_worker.runtime import get_store
 from cortex_worker.store import Store, job_keys
-from cortex_worker.targets import Call
 from cortex_worker.tools.errors import ToolError
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -49,7 +49,7 @@ def add_context_feed(store: Store, call: Call, params: dict[str, Any]) -> Any:
     generation = feeds.save_feed(store, call.job_id, feed, feed.id)
     value = feeds.compute(store, call.job_id, agent, feed) if feed.enabled else None
     store.set_variables(call.job_id, {feed.id: value})
-    feeds.schedule_periodic(call.job_id, {feed.id: feed}, {feed.id: generation})
+    dispatch.refresh_feeds(call.job_id, {feed.id: feed}, {feed.id: generation})
     return {"feed": feed.model_dump(mode="json", exclude_none=True), "value": value}
 
 
@@ -63,7 +63,7 @@ def update_context_feed(store: Store, call: Call, params: dict[str, Any]) -> Any
     if feed.source != current.source:
         _allowed(agent, feed)
     generation = feeds.save_feed(store, call.job_id, feed, feed.id)
-    feeds.schedule_periodic(call.job_id, {feed.id: feed}, {feed.id: generation})
+    dispatch.refresh_feeds(call.job_id, {feed.id: feed}, {feed.id: generation})
     return {"feed": feed.model_dump(mode="json", exclude_none=True)}
 
 

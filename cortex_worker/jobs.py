@@ -1,8 +1,9 @@
-"""Jobs from protocol documents and workflows: submit, start, finish and cancel.
+"""Jobs: submit, start, finish and cancel; `end_job` is the one place any job ends.
 
-The API calls `submit_document` / `submit_workflow` and `cancel_job`; the `agent` pool runs
-`start_document` (both kinds share `start_plan`); the
-worker that finishes a job's last action calls `finalize`.
+The API calls `submit_*` and `cancel_job`; the `agent` pool runs `start_document` (documents
+and workflows share `start_plan`) and the agent turns (`coordinator`); the worker that
+finishes a job's last action calls `on_drained`, through the hooks this module installs in
+the executor (the executor sits below the jobs and never imports them).
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, Field
-
-from cortex_worker import dispatch
+from cortex_worker import dispatch, executor
 from cortex_worker.actions.table import ACTION_TYPES, Target
+from cortex_worker.options import JobOptions
 from cortex_worker.plan.canvas import decompose
 from cortex_worker.plan.dag import Plan
 from cortex_worker.protocol import parser as p
@@ -27,19 +28,6 @@ from cortex_worker.settings import Settings, get_settings
 from cortex_worker.store import DEFAULT_TENANT, JOB_TERMINAL, Store, dumps
 from cortex_worker.workflows import spec as wf
 from cortex_worker.workflows.output import failure_message, output_names, render_output
-
-
-class JobOptions(BaseModel):
-    """Per-job options of `POST /v1/jobs`."""
-
-    fail_fast: bool = Field(default=False, description="cancel the job at the first failure")
-    max_parallel: int | None = Field(default=None, gt=0, le=10_000,
-                                     description="running actions at once (default from settings)")
-    canvas: bool | None = Field(default=None,
-                                description="compile series-parallel plans to a Celery canvas")
-    model: str | None = Field(default=None, max_length=200,
-                              description="use this model name instead of the agent manifest's "
-                              "(documents: instead of CORTEX_DOCUMENT_MODEL's)")
 
 
 class SubmitError(ValueError):
@@ -304,9 +292,7 @@ def submit_agent(store: Store, agent: str, text: str, *, options: JobOptions | N
         return job_id
     periodic = {f.id: f for f in spec.context_feeds if f.type == "periodic" and f.enabled}
     if periodic:
-        from cortex_worker.feeds import schedule_periodic
-
-        schedule_periodic(job_id, periodic, {})
+        dispatch.refresh_feeds(job_id, periodic)
     dispatch.agent_turn(job_id)
     return job_id
 
@@ -360,14 +346,9 @@ def finalize(store: Store, job_id: str) -> None:
     started = float(job.get("started_at") or job["created_at"])
     summary = {"status": status, "result": result, "error": error or None,
                "duration_ms": round((time.time() - started) * 1000, 3)}
-    events.append((f"job_{status}", summary))
     text = "" if result is None else result if isinstance(result, str) else dumps(result)
-    ended = store.close(job_id, status, {"result": text, "error": error}, events,
-                        only_if="finishing")
-    if ended is not None and job.get("parent_job"):
-        from cortex_worker.coordinator import notify_parent
-
-        notify_parent(store, job, status, result, error)
+    end_job(store, job_id, status, summary, {"result": text, "error": error}, events=events,
+            only_if="finishing", result=result)
 
 
 def _workflow_end(store: Store, job_id: str, job: dict[str, str],
@@ -387,23 +368,71 @@ def _workflow_end(store: Store, job_id: str, job: dict[str, str],
     return result, "", warnings
 
 
-def cancel_job(store: Store, job_id: str, *, status: str = "cancelled", reason: str = "cancelled by request") -> bool:
-    """End a job now: revoke its queued and running actions. False if it had already ended."""
-    event = "job_cancelled" if status == "cancelled" else "job_failed"
-    live = store.close(job_id, status, {"error": reason}, [(event, {"status": status, "reason": reason})])
-    if live is None:
+def end_job(store: Store, job_id: str, status: str, data: dict[str, Any],
+            fields: dict[str, Any], *, events: Sequence[tuple[str, dict[str, Any]]] = (),
+            only_if: str = "", result: Any = None) -> bool:
+    """The one place a job ends, whatever its kind: log `events` and `job_<status>` (`data`),
+    cancel what is unfinished (unless it completed), revoke what runs, cancel its children,
+    and hand the outcome (`result`, or `data["error"]`) to the action that started it. False
+    if it had already ended (or was not `only_if`)."""
+    kind = {"completed": "job_completed", "cancelled": "job_cancelled"}.get(status, "job_failed")
+    ended = store.close(job_id, status, fields, [*events, (kind, data)], only_if=only_if)
+    if ended is None:
         return False
-    dispatch.revoke(job_id, live)
-    cancel_children(store, job_id)
+    dispatch.revoke(job_id, ended)
+    if status != "completed":
+        cancel_children(store, job_id)
     job = store.get_job(job_id) or {}
-    if job.get("parent_job"):  # the action that started this job fails with it
-        from cortex_worker.coordinator import notify_parent
-
-        notify_parent(store, job, status, None, reason)
+    _notify_parent(store, job, status, result, data.get("error") or data.get("reason"))
     return True
+
+
+def cancel_job(store: Store, job_id: str, *, status: str = "cancelled",
+               reason: str = "cancelled by request") -> bool:
+    """End a job now (cancel, or `failed` for fail_fast). False if it had already ended."""
+    return end_job(store, job_id, status, {"status": status, "reason": reason}, {"error": reason})
 
 
 def cancel_children(store: Store, job_id: str) -> None:
     """Cancel the child jobs (agent and workflow actions) of a job that ended early."""
     for child in store.children(job_id):
         cancel_job(store, child, reason=f"its parent job {job_id} ended")
+
+
+def _notify_parent(store: Store, job: dict[str, str], status: str, result: Any,
+                   error: str | None) -> None:
+    """A child job ended: its outcome completes or fails the parent's action."""
+    parent, action_id = job.get("parent_job"), job.get("parent_action")
+    if not parent or not action_id:
+        return
+    spec = store.spec(parent, action_id) or {"id": action_id}
+    if status == "completed":
+        executor.record_outcome(store, parent, action_id, spec, "ok", result, None, trigger=True)
+    else:
+        executor.record_outcome(store, parent, action_id, spec, "error", None,
+                                f"{job.get('kind') or 'child'} job {job.get('id')} {status}: "
+                                f"{error}", trigger=True)
+
+
+def expire_deferred(store: Store, job_id: str, action_id: str) -> None:
+    """A child-job action's timeout ran out: it ends `timeout` and its child is cancelled."""
+    spec = store.spec(job_id, action_id)
+    if spec is None or store.results(job_id, [action_id]):
+        return  # the child ended in time (or the job expired)
+    message = f"timed out after {spec['timeout']:g}s; its child job was cancelled"
+    executor.record_outcome(store, job_id, action_id, spec, "timeout", None, message)
+    cancel_job(store, child_job_id(job_id, action_id), reason=f"the action {action_id!r} of job "
+               f"{job_id} that started it timed out")
+
+
+class _Hooks:
+    """What the executor asks of the job layer (see `executor.JobHooks`)."""
+
+    def drained(self, store: Store, job_id: str) -> None:
+        on_drained(store, job_id)
+
+    def fail(self, store: Store, job_id: str, reason: str) -> None:
+        cancel_job(store, job_id, status="failed", reason=reason)
+
+
+executor.install_job_hooks(_Hooks())

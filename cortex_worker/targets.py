@@ -7,34 +7,17 @@ failure), `ToolTimeout`, `ModelError`, or `Deferred` (a child job will record th
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from cortex_worker.actions.call import Call, Deferred
+from cortex_worker.jobs import submit_agent
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.gateway import complete
 from cortex_worker.runtime import get_registry, get_store
-from cortex_worker.settings import Settings
 from cortex_worker.store import dumps
 from cortex_worker.tools.context import ToolContext, workspace_for
 from cortex_worker.tools.errors import ToolError
 from cortex_worker.tools.runtime import run_tool
-
-
-class Deferred(Exception):
-    """The action goes on elsewhere (a child job); its outcome is recorded when that ends."""
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One run of an action: where it belongs, what it is, and its substituted parameters."""
-
-    job_id: str
-    action_id: str
-    spec: Mapping[str, Any]
-    params: Any
-    timeout: float
-    settings: Settings
 
 
 def run_tool_action(call: Call) -> Any:
@@ -67,8 +50,6 @@ def run_llm_action(call: Call) -> Any:
 
 def run_agent_action(call: Call) -> Any:
     """Start the child agent job; it completes this action when it ends."""
-    from cortex_worker.jobs import submit_agent
-
     params = call.params
     text = params["input"] if isinstance(params, dict) and isinstance(params.get("input"), str) \
         else dumps(params)

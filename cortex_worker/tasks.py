@@ -60,4 +60,4 @@ def feed_refresh(job_id: str, feed_id: str, generation: int) -> None:
 @app.task(name="cortex.deferred_timeout", ignore_result=True)
 def deferred_timeout(job_id: str, action_id: str) -> None:
     """End a child-job action that outlived its timeout."""
-    executor.expire_deferred(job_id, action_id)
+    jobs.expire_deferred(get_store(), job_id, action_id)

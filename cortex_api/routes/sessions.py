@@ -10,8 +10,9 @@ from cortex_api.auth import CallerDep
 from cortex_api.deps import SettingsDep, StoreDep
 from cortex_api.errors import api_error, responses
 from cortex_api.models import JobCreated, JobLinks, MessageCreate, SessionCreate, SessionView
-from cortex_worker.jobs import JobOptions, submit_agent
+from cortex_worker.jobs import submit_agent
 from cortex_worker.manifests import UnknownAgentError
+from cortex_worker.options import JobOptions
 from cortex_worker.runtime import get_registry
 from cortex_worker.store import JOB_TERMINAL
 

@@ -340,7 +340,7 @@ def stream_chat(
             error = _transport_error(url, exc, config)
         error.streamed, error.attempts = streamed, attempt + 1
         if not error.retryable or yielded or attempt >= config.max_retries:
-            if not yielded:
+            if error.retryable and not yielded:  # a 4xx is final: its count says nothing
                 error.message += f" ({_attempts(attempt + 1, config.max_retries)})"
                 error.args = (error.message,)
             raise error

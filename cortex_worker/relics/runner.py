@@ -10,7 +10,7 @@ from cortex_worker.relics.spec import resolve
 from cortex_worker.runtime import get_registry, get_store
 
 if TYPE_CHECKING:
-    from cortex_worker.targets import Call
+    from cortex_worker.actions.call import Call
 
 DOCUMENTS_NAMESPACE = "documents"
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from cortex_worker.actions.call import Call, Deferred
+from cortex_worker.jobs import SubmitError, submit_workflow
+from cortex_worker.options import JobOptions
 from cortex_worker.runtime import get_store
 from cortex_worker.store import job_keys
 from cortex_worker.tools.errors import ToolError
-
-if TYPE_CHECKING:
-    from cortex_worker.targets import Call
 
 __all__ = ["MAX_DEPTH", "run_workflow_action"]
 
@@ -20,9 +20,6 @@ MAX_DEPTH = 8
 def run_workflow_action(call: Call) -> Any:
     """Start the child workflow job (once: its id is derived from this job and action) and
     defer: the child's end completes or fails this action with the workflow's output."""
-    from cortex_worker.jobs import JobOptions, SubmitError, submit_workflow
-    from cortex_worker.targets import Deferred
-
     name = call.spec["name"]
     depth = int(call.spec.get("depth") or 0) + 1
     if depth > MAX_DEPTH:
