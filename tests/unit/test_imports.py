@@ -21,20 +21,6 @@ pytestmark = pytest.mark.unit
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("cortex_worker", "cortex_api")
 
-KNOWN_CORE_CYCLE_MODULES = frozenset({
-    "cortex_worker.coordinator",
-    "cortex_worker.executor",
-    "cortex_worker.feeds",
-    "cortex_worker.jobs",
-    "cortex_worker.targets",
-})
-"""The orchestration core's import cycle, being removed by issue 12: its modules as of commit
-feffcb2 (coordinator -> jobs -> coordinator, and through executor, feeds and targets).
-
-Cycles through any of these modules are ignored; every other cycle fails. Take a module out
-as soon as no cycle runs through it, and delete the set with the last one.
-"""
-
 API_APP_MODULE = "cortex_api.app"
 """The module of the API's app factory (`create_app`): what the API server process imports."""
 WORKER_ONLY_PREFIXES = (
@@ -208,12 +194,11 @@ def _describe_cycle(graph: Mapping[str, tuple[Edge, ...]], component: list[str])
     return "\n".join(lines)
 
 
-def worker_cycles(exempt: frozenset[str]) -> list[str]:
-    """The cycles among cortex_worker modules outside `exempt`, described."""
+def worker_cycles() -> list[str]:
+    """The cycles among cortex_worker modules, described."""
     graph = import_graph()
-    worker = {m: tuple(e for e in edges if e.target.startswith("cortex_worker.")
-                       and e.target not in exempt)
-              for m, edges in graph.items() if m.startswith("cortex_worker.") and m not in exempt}
+    worker = {m: tuple(e for e in edges if e.target.startswith("cortex_worker."))
+              for m, edges in graph.items() if m.startswith("cortex_worker.")}
     targets = {m: {e.target for e in edges} for m, edges in worker.items()}
     return [_describe_cycle(worker, component) for component in _components(targets)]
 
@@ -256,7 +241,7 @@ def test_the_graph_sees_imports_in_functions_and_relative_forms() -> None:
 
 
 def test_no_import_cycle_among_worker_modules() -> None:
-    cycles = worker_cycles(KNOWN_CORE_CYCLE_MODULES)
+    cycles = worker_cycles()
     assert not cycles, "import cycles (break them at their cause):\n" + "\n".join(cycles)
 
 
@@ -265,18 +250,6 @@ def test_the_api_process_does_not_import_the_sandbox_or_tool_code() -> None:
     banned = sorted(m for m in graph if _worker_only(m))
     paths = [path for target in banned
              if (path := _shortest_path(graph, API_APP_MODULE, target)) is not None]
-    if not paths:
-        return
-    outside_core = set(graph) - KNOWN_CORE_CYCLE_MODULES
     shown = "\n".join("  " + " -> ".join([API_APP_MODULE, *(e.target for e in path)])
                       for path in paths)
-    avoidable = [target for target in banned
-                 if _shortest_path(graph, API_APP_MODULE, target, outside_core) is not None]
-    assert not avoidable, f"{API_APP_MODULE} reaches worker-only code:\n{shown}"
-    # Every path goes through the orchestration core: name the edges out of it.
-    exits = sorted({str(edge) for path in paths for edge in path
-                    if edge.source in KNOWN_CORE_CYCLE_MODULES
-                    and edge.target not in KNOWN_CORE_CYCLE_MODULES})
-    pytest.xfail(reason=f"{API_APP_MODULE} reaches worker-only code only through the "
-                        f"orchestration core (KNOWN_CORE_CYCLE_MODULES), by the edge(s) "
-                        f"{'; '.join(exits)}:\n{shown}")
+    assert not paths, f"{API_APP_MODULE} reaches worker-only code:\n{shown}"
