@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import suppress
 from pathlib import Path
 from typing import Annotated
 
@@ -279,10 +280,12 @@ def up(
     flower: Annotated[bool, typer.Option(
         help="Also run Flower on CORTEX_FLOWER_PORT (basic auth: CORTEX_FLOWER_BASIC_AUTH).")] = True,
 ) -> None:
-    """Run the whole stack in the foreground: Redis if none answers, the pools, the API, Flower."""
+    """Run the whole stack in the foreground: Redis if none answers, the pools, the API, Flower.
+
+    Ctrl-C, SIGTERM or SIGHUP stops everything and exits 0; exit 1 if a process fails."""
     import time
 
-    from cortex_api.stack import Stack, StackError
+    from cortex_api.stack import Interrupted, Stack, StackError
     from cortex_worker.settings import get_settings
 
     colors = ["cyan", "magenta", "green", "yellow", "blue", "red"]
@@ -298,7 +301,7 @@ def up(
         stack.start([p.strip() for p in pools.split(",") if p.strip()], api_port=port,
                      broker=broker, flower=flower)
         console.print(f"[green]Cortex is up[/]: API {stack.api_url} (docs at {stack.api_url}/docs); "
-                      "Ctrl-C stops everything")
+                      "Ctrl-C (or SIGTERM, SIGHUP) stops everything")
         if flower:
             auth = ("basic auth" if settings.flower_basic_auth is not None
                     else "no auth: set CORTEX_FLOWER_BASIC_AUTH=user:password to enable its API")
@@ -313,8 +316,8 @@ def up(
     except StackError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        pass
+    except Interrupted:
+        pass  # the way to stop it: a clean stop, exit 0
     finally:
         stack.stop()
 
@@ -325,39 +328,60 @@ def demo(
     agent: Annotated[str, typer.Option(help="The agent to run.")] = "demo",
     log_dir: Annotated[Path, typer.Option(help="Where each process's log is kept.")] = Path(".cortex/demo"),
 ) -> None:
-    """Start a private stack, run one agent job live in the terminal, and stop everything."""
+    """Start a private stack, run one agent job live in the terminal, and stop everything.
+
+    In a terminal the stack stays up after the job, so that its links answer, until Enter or
+    Ctrl-C. Exit: the job's (0 if it completed, else 1), or 128+signal if stopped before it ended."""
+    import sys
+
+    import httpx
+
     from cortex_api.follow import follow_job
-    from cortex_api.stack import Stack, StackError, free_port
+    from cortex_api.stack import Interrupted, Stack, StackError, free_port
     from cortex_worker.settings import get_settings
 
+    waits = sys.stdin.isatty() and sys.stdout.isatty()  # someone is there to press Enter
     stack = Stack(get_settings().model_copy(update={"flower_port": free_port()}), log_dir)
+    followed = False
     try:
         with console.status("starting Redis, the worker pools, the API and Flower…"):
             stack.start(flower=True, open_api=True)
-        import httpx
-
         response = httpx.post(f"{stack.api_url}/v1/jobs", json={"agent": agent, "input": question},
                               timeout=30)
         if response.status_code != 202:
             console.print(f"[red]the demo job was rejected[/]: {response.text}")
             raise typer.Exit(1)
         job_id = response.json()["id"]
-        flower_url = getattr(stack, "flower_url", "") or ""  # set when the stack runs Flower
         console.print(f"[bold]{agent}[/]: {question}\njob {job_id} — page: "
                       f"{stack.api_url}/jobs/{job_id}  ·  events: "
-                      f"{stack.api_url}/v1/jobs/{job_id}/events"
-                      + (f"  ·  Flower: {flower_url}" if flower_url else ""))
+                      f"{stack.api_url}/v1/jobs/{job_id}/events  ·  Flower: {stack.flower_url}")
         view = follow_job(stack.api_url, job_id, console, {})
-        console.print(f"job page: {stack.api_url}/jobs/{job_id}  ·  JSON: "
-                      f"{stack.api_url}/v1/jobs/{job_id}  ·  API docs: {stack.api_url}/docs  "
-                      + (f"·  Flower: {flower_url}  " if flower_url else "") + f"·  logs: {log_dir}")
-        raise typer.Exit(0 if view.end and view.end["type"] == "job_completed" else 1)
+        followed = True
+        code = 0 if view.end and view.end["type"] == "job_completed" else 1
+        if waits:
+            console.print(f"job page  {stack.api_url}/jobs/{job_id}\n"
+                          f"JSON      {stack.api_url}/v1/jobs/{job_id}\n"
+                          f"API docs  {stack.api_url}/docs\n"
+                          f"Flower    {stack.flower_url}\n"
+                          f"logs      {log_dir}\n"
+                          "[bold]The stack stays up for these links: press Enter (or Ctrl-C) to "
+                          "stop it.[/]", highlight=False, soft_wrap=True)
+            with suppress(Interrupted):  # as good as Enter: the job is over, exit with its code
+                sys.stdin.readline()
     except StackError as exc:
         console.print(f"[red]{exc}[/]")
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        console.print("interrupted; stopping")
-        raise typer.Exit(130) from None
+        code = 1
+    except Interrupted as exc:
+        console.print(f"interrupted ({exc}); stopping")
+        code = 128 + exc.signum
     finally:
-        with console.status("stopping everything…"):
-            stack.stop()
+        try:
+            with console.status("stopping everything…"):
+                stack.stop()
+        finally:
+            stack.stop()  # a no-op, unless the first was broken off before it began: by a
+            # terminal gone (EIO), or by the first signal landing just as the job ended
+    if followed and not waits:
+        console.print(f"the stack is stopped, so the links above no longer answer (in a terminal "
+                      f"the demo keeps them up until Enter) · logs: {log_dir}")
+    raise typer.Exit(code)

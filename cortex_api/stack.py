@@ -1,8 +1,11 @@
 """The local stack: Redis (if none is configured), one worker per pool, the API, and Flower.
 
 `cortex up` runs it in the foreground with each process's log prefixed; `cortex demo` runs it
-quietly around one demo job. Every process gets its own process group and is stopped by it,
-also on Ctrl-C, so nothing is left running (an embedded Redis does not stop by itself).
+quietly around one demo job. Every process gets its own process group (so a Ctrl-C in the
+terminal reaches only the parent) and is stopped by it, so nothing is left running: an
+embedded Redis does not stop by itself. From `Stack.start` until `Stack.stop` has finished,
+SIGINT, SIGTERM and SIGHUP raise `Interrupted` in the main thread instead of killing the
+parent outright, which would orphan the whole stack; a signal during the stop only hurries it.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from contextlib import closing, suppress
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from types import FrameType
+from typing import IO, Any
 
 import httpx
 import redis
@@ -27,10 +31,26 @@ import redis
 from cortex_worker.settings import Settings
 
 DEFAULT_POOLS = ("agent", "tool", "llm", "relic")
+#: What a terminal (Ctrl-C, hang-up), systemd, `docker stop`, a supervisor or `timeout` sends.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Seconds a group has between SIGTERM and SIGKILL: Celery's warm shutdown finishes running
+#: tasks and the API gives open event streams 5 s. Flower has been seen to sit on SIGTERM for
+#: over 9 s, and it holds no state worth waiting for.
+GRACE_S = 10.0
+FLOWER_GRACE_S = 2.0
 
 
 class StackError(RuntimeError):
     """A process of the stack did not start; the message says which and why."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal reached the process running the stack. A KeyboardInterrupt, so that it
+    unwinds through libraries (httpx, rich) the way Ctrl-C always did."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def free_port() -> int:
@@ -66,25 +86,12 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.popen.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.popen.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+    grace: float = GRACE_S
 
     def signal(self, sig: int) -> None:
-        if self.popen.poll() is None:
-            with suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, sig)
+        """Signal the whole group, also once its leader has exited: children may outlive it."""
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, sig)
 
     def tail(self, lines: int = 20) -> str:
         try:
@@ -104,13 +111,22 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     api_url: str = ""
     flower_url: str = ""
+    _handlers: dict[int, Any] = field(default_factory=dict, init=False, repr=False)
+    _stopping: bool = field(default=False, init=False, repr=False)
+    _hurry: bool = field(default=False, init=False, repr=False)  # SIGKILL what is left, now
+    _deferring: bool = field(default=False, init=False, repr=False)
+    _deferred: int | None = field(default=None, init=False, repr=False)
 
     def start(self, pools: Sequence[str] = DEFAULT_POOLS, api_port: int | None = None, *,
               broker: str | None = None, flower: bool = False, open_api: bool = False) -> None:
         """Redis (the configured CORTEX_REDIS_URL, else a private one), the pools, the API and,
         with `flower`, Flower. `broker` (e.g. amqp://…) is every process's CORTEX_BROKER_URL:
         Celery messages go there, while state, events and results stay in Redis. `open_api`
-        serves the (loopback-only) API without the configured keys, as the demo does."""
+        serves the (loopback-only) API without the configured keys, as the demo does.
+        Call it from the main thread, and `stop` in a `finally`."""
+        for signum in STOP_SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup, `&`: keep ignoring it
+                self._handlers.setdefault(signum, signal.signal(signum, self._on_signal))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if open_api:
@@ -143,7 +159,8 @@ class Stack:
         if self.settings.flower_basic_auth is not None:
             env["FLOWER_BASIC_AUTH"] = self.settings.flower_basic_auth.get_secret_value()
         self._spawn("flower", [sys.executable, "-m", "celery", "-A", "cortex_worker.app", "flower",
-                               f"--port={port}", "--address=127.0.0.1"], env=env)
+                               f"--port={port}", "--address=127.0.0.1"], env=env,
+                    grace=FLOWER_GRACE_S)
 
     def _start_redis(self) -> str:
         binary = redis_binary()
@@ -159,14 +176,17 @@ class Stack:
         self._wait(lambda: redis_answers(url), "Redis", 15)
         return url
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None,
+               grace: float = GRACE_S) -> Proc:
         log = self.log_dir / f"{name}.log"
         handle = log.open("wb")
-        popen = subprocess.Popen(argv, stdout=subprocess.PIPE if self.echo else handle,
-                                 stderr=subprocess.STDOUT, env=env or self.env,
-                                 start_new_session=True)
-        proc = Proc(name, popen, log)
-        self.procs.append(proc)
+        with self._signals_held():  # between fork and append the child would be nobody's
+            popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL,  # Enter is the demo's
+                                     stdout=subprocess.PIPE if self.echo else handle,
+                                     stderr=subprocess.STDOUT, env=env or self.env,
+                                     start_new_session=True)
+            proc = Proc(name, popen, log, grace)
+            self.procs.append(proc)
         if self.echo is not None and popen.stdout is not None:
             threading.Thread(target=_pump, args=(name, popen.stdout, handle, self.echo),
                              daemon=True).start()
@@ -188,23 +208,72 @@ class Stack:
         return next((p for p in self.procs if p.popen.poll() is not None), None)
 
     def stop(self) -> None:
-        """Stop everything: the API, Flower and the workers together, then Redis last."""
-        redis_procs = [p for p in self.procs if p.name == "redis"]
-        others = [p for p in self.procs if p.name != "redis"]
-        for proc in others:
-            proc.signal(signal.SIGTERM)
-        for proc in others:
-            proc.stop()
-        for proc in redis_procs:
-            proc.stop()
+        """Stop everything: the API, Flower and the workers together, then Redis last (the
+        others still write to it while they stop). Return once every leader is reaped, at most
+        about two graces later; then restore the signal handlers `start` replaced."""
+        self._stopping = True
+        self._terminate([p for p in self.procs if p.name != "redis"])
+        self._terminate([p for p in self.procs if p.name == "redis"])
         self.procs.clear()
+        for signum, handler in self._handlers.items():
+            signal.signal(signum, handler)
+        self._handlers.clear()
+
+    def _terminate(self, procs: list[Proc]) -> None:
+        """SIGTERM each group; SIGKILL it once its leader has exited (whatever it left behind
+        in the group) or its grace is over, or at once if hurried; reap each leader."""
+        for proc in procs:
+            proc.signal(signal.SIGTERM)
+        started = time.monotonic()
+        left = list(procs)
+        while left:
+            for proc in list(left):
+                if (proc.popen.poll() is None and not self._hurry
+                        and time.monotonic() - started < proc.grace):
+                    continue
+                proc.signal(signal.SIGKILL)
+                with suppress(subprocess.TimeoutExpired):  # only a process stuck in the kernel
+                    proc.popen.wait(5)
+                left.remove(proc)
+            if left:
+                time.sleep(0.05)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """The first stop signal unwinds the caller (whose `finally` calls `stop`); any later
+        one, or one during `stop`, hurries the stop instead of breaking it off halfway."""
+        if self._stopping:
+            self._hurry = True
+        elif self._deferring:
+            self._deferred = self._deferred or signum
+        else:
+            self._stopping = True
+            raise Interrupted(signum)
+
+    @contextmanager
+    def _signals_held(self) -> Iterator[None]:
+        """Hold a stop signal back until the block is done, then raise it."""
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        if self._deferred is not None and not self._stopping:
+            self._stopping = True
+            raise Interrupted(self._deferred)
 
 
-def _pump(name: str, stream: IO[bytes], log: IO[bytes], echo: Callable[[str, str], None]) -> None:
+def _pump(name: str, stream: IO[bytes], log: IO[bytes],
+          echo: Callable[[str, str], None] | None) -> None:
+    """Copy a process's output to its log and `echo`. Keep reading after the terminal is gone
+    (a hang-up): a full pipe would block the process, and with it its shutdown."""
     for raw in iter(stream.readline, b""):
         log.write(raw)
         log.flush()
-        echo(name, raw.decode(errors="replace").rstrip())
+        if echo is not None:
+            try:
+                echo(name, raw.decode(errors="replace").rstrip())
+            except (OSError, SystemExit):  # rich exits on a broken pipe
+                echo = None
 
 
 def _http_ok(url: str) -> bool:

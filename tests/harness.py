@@ -13,7 +13,8 @@ API (see each docstring):
   group), `.wait_stopped(timeout)`, `.stop()`, `.members()`, `.alive`, `.returncode`, `.url`;
 * `start_worker(pool, env, concurrency)`, `start_workers({pool: concurrency}, env)`: `cortex
   worker`, ready when it answers Celery remote control; `start_api(env, port=None)`: `cortex
-  api`, ready when `GET /healthz` is 200, `.url`; `stop_all()`; `live_processes()`.
+  api`, ready when `GET /healthz` is 200, `.url`; `stop_all()`; `live_processes()`;
+* `process_tree(root)`, `left_behind(tree)`: what a process started, and what of it survives.
 
 Failures to start raise `HarnessError` whose message ends with the tail of the process's log.
 
@@ -154,6 +155,49 @@ def _all_pids() -> Iterator[int]:
     for entry in _PROC.iterdir():
         if entry.name.isdigit():
             yield int(entry.name)
+
+
+def process_tree(root: int) -> dict[int, tuple[str, int]]:
+    """pid -> (start time, process group) of every live process below `root`, whatever its
+    session: a snapshot to check later, with `left_behind`, that all of them are gone."""
+    children: dict[int, list[int]] = {}
+    info: dict[int, tuple[str, int]] = {}
+    for pid in _all_pids():
+        try:
+            stat = (_PROC / str(pid) / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] in ("Z", "X"):
+            continue
+        children.setdefault(int(fields[1]), []).append(pid)
+        info[pid] = (fields[19], int(fields[2]))
+    found: dict[int, tuple[str, int]] = {}
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found[pid] = info[pid]
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def left_behind(tree: Mapping[int, tuple[str, int]], timeout: float = 0.0) -> list[int]:
+    """The processes of a `process_tree` snapshot still running (same pid and start time), and
+    any other process in one of their groups, such as one started while the tree stopped;
+    after up to `timeout` seconds for them to go (a SIGKILL takes a moment to land)."""
+    groups = {pgid for _, pgid in tree.values()} - {os.getpgrp()}
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for pid in _all_pids():
+            info = _proc_pgrp_state(pid)
+            if info is None or info[1] in ("Z", "X"):
+                continue
+            if info[0] in groups or (pid in tree and _proc_start_time(pid) == tree[pid][0]):
+                alive.append(pid)
+        if not alive or time.monotonic() >= deadline:
+            return sorted(alive)
+        time.sleep(0.1)
 
 
 _OWNER_TOKEN = f"{os.getpid()}:{_proc_start_time(os.getpid()) or 0}"

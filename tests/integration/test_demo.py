@@ -1,19 +1,33 @@
-"""`cortex demo` (what `make demo` runs) starts a private stack, runs the job, stops it all."""
+"""`cortex demo` (what `make demo` runs) starts a private stack, runs the job, stops it all.
+
+Outside a terminal it stops the stack as soon as the job ends and says its links are dead; in
+a terminal (tested through a pseudo-terminal) it keeps them up until Enter. Stop signals
+mid-run stop everything too, a second one included.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import pty
 import re
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import httpx
+import pytest
 import yaml
 
 from cortex_worker.protocol.document import load_document
+from tests import harness
 
 REPO = Path(__file__).resolve().parents[2]
 TRANSCRIPT = REPO / "examples" / "transcripts" / "demo.yaml"
@@ -44,6 +58,17 @@ def _gone(marker: str, timeout: float = 10.0) -> list[int]:
     while (left := _processes_mentioning(marker)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
+
+
+def _kill(demo: subprocess.Popen[Any]) -> None:
+    """A failed test's demo and the stack it started are killed, not left to later tests."""
+    if demo.poll() is None:
+        stack = harness.process_tree(demo.pid)
+        demo.kill()
+        demo.wait()
+        for pid in harness.left_behind(stack):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_demo_transcript_turns_are_valid_and_act_in_parallel() -> None:
@@ -94,10 +119,16 @@ def test_demo_runs_the_agent_job_and_leaves_nothing_running(tmp_path: Path) -> N
     assert {p.stem for p in logs.glob("*.log")} >= {"redis", "api", "worker-agent", "worker-tool",
                                                     "worker-relic", "worker-llm"}
     assert _gone(str(logs)) == []  # its Redis (by --dir) is gone too
+    # Not in a terminal: no links offered once their servers are down, and no waiting.
+    closing = flat[flat.index("thinking while acting"):]
+    assert "the links above no longer answer" in closing
+    assert "http" not in closing and "press Enter" not in flat
     print(f"demo took {took:.1f} s")
 
 
-def test_ctrl_c_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
+def test_a_stop_signal_mid_run_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
+    """SIGTERM while the job runs, then Ctrl-C while the stack stops: the second signal hurries
+    the stop instead of cutting it short. The exit code is the first signal's, 128 + 15."""
     logs = tmp_path / "demo-logs"
     proc = subprocess.Popen([sys.executable, "-m", "cortex_api", "demo", "--log-dir", str(logs)],
                             cwd=REPO, env=_env(tmp_path), stdout=subprocess.PIPE,
@@ -112,13 +143,73 @@ def test_ctrl_c_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None
             assert proc.poll() is None, "".join(lines)[-3000:]
             assert time.monotonic() < deadline, "".join(lines)[-3000:]
             time.sleep(0.1)
-        assert _processes_mentioning(str(logs))  # the stack is up
+        stack = harness.process_tree(proc.pid)
+        assert len(stack) >= 6, stack  # Redis, four workers, the API, Flower
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130, "".join(lines)[-3000:]
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM, "".join(lines)[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _kill(proc)
     reader.join(timeout=5)
-    assert "interrupted; stopping" in "".join(lines)
+    assert "interrupted (SIGTERM); stopping" in "".join(lines)
+    assert harness.left_behind(stack, timeout=5) == []
     assert _gone(str(logs)) == []
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def test_in_a_terminal_the_demo_keeps_its_links_up_until_enter(tmp_path: Path) -> None:
+    """`make demo` in a terminal: after the job the links it prints answer, and Enter stops
+    everything (exit 0: the job completed)."""
+    logs = tmp_path / "demo-logs"
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 120, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "cortex_api", "demo", "--log-dir", str(logs)],
+                            cwd=REPO, env={**_env(tmp_path), "TERM": "xterm-256color"},
+                            stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    output = bytearray()
+
+    def read() -> None:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every end of the terminal is closed
+                return
+            if not chunk:
+                return
+            output.extend(chunk)
+
+    def text() -> str:
+        return ANSI.sub("", output.decode(errors="replace"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while "press Enter" not in text():
+            assert proc.poll() is None, text()[-3000:]
+            assert time.monotonic() < deadline, text()[-3000:]
+            time.sleep(0.1)
+        shown = text()
+        assert "job_completed" in shown
+        page = re.search(r"job page +(http://127\.0\.0\.1:\d+/jobs/[0-9a-f]{32})\s", shown)
+        flower = re.search(r"Flower +(http://127\.0\.0\.1:\d+)\s", shown)
+        assert page and flower, shown[-3000:]
+        stack = harness.process_tree(proc.pid)
+        time.sleep(1)
+        assert proc.poll() is None  # waiting for Enter, the stack up
+        assert httpx.get(page[1], timeout=5).status_code == 200
+        assert httpx.get(f"{flower[1]}/healthcheck", timeout=5).status_code == 200
+        os.write(master, b"\n")
+        assert proc.wait(timeout=60) == 0, text()[-3000:]
+    finally:
+        _kill(proc)
+        reader.join(timeout=5)
+        os.close(master)
+    assert harness.left_behind(stack, timeout=5) == []
+    assert _gone(str(logs)) == []
+    with pytest.raises(httpx.ConnectError):  # the links were live until Enter, not after
+        httpx.get(page[1], timeout=2)
