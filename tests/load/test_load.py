@@ -47,10 +47,11 @@ async def burst(url: str) -> tuple[list[str], list[float], list[list[dict[str, A
     latencies: list[float] = []
     followers: list[asyncio.Task[list[dict[str, Any]]]] = []
     numbers = iter(range(JOBS))
-    # Separate clients: each submitter keeps one busy keep-alive connection; each SSE client
-    # gets a fresh connection (a pooled one left idle past uvicorn's 5 s keep-alive would be
-    # closed by the server just as the client reuses it: a client-side race, not a server bug).
-    submit_limits = httpx.Limits(max_connections=SUBMITTERS, max_keepalive_connections=SUBMITTERS)
+    # Separate clients, and a fresh connection for every request: a pooled one left idle past
+    # uvicorn's 5 s keep-alive (this client's event loop can stall that long on 2 busy cores)
+    # is closed by the server just as the client reuses it: a client-side race (ReadError,
+    # seen in CI with every POST answered 202), not a server bug.
+    submit_limits = httpx.Limits(max_connections=SUBMITTERS, max_keepalive_connections=0)
     follow_limits = httpx.Limits(max_connections=FOLLOWERS + 10, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=120, limits=submit_limits) as client, \
             httpx.AsyncClient(timeout=120, limits=follow_limits) as sse:
