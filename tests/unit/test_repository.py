@@ -12,7 +12,7 @@ from tests.manifest_helpers import CORPUS, REPO_ROOT
 
 pytestmark = pytest.mark.unit
 
-# A path out of the checkout (`../shared`, `parents[3] / "shared"`) or into a development machine.
+# A path out of the checkout (a sibling folder of the repository) or into a development machine.
 OUTSIDE = re.compile(r"\.\./shared|\"shared\"|/work/|/home/\w+/|/Users/\w+/")
 
 
