@@ -53,11 +53,14 @@ class JobEnds:
                     self._events.pop(job_id, None)
 
     def _start(self) -> None:
+        """Start the listener if it is not running, and then let it subscribe first (a turn
+        during a later reconnect does not wait: the status check covers the gap)."""
         with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._listen, name="cortex-job-ends",
-                                                daemon=True)
-                self._thread.start()
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._thread = threading.Thread(target=self._listen, name="cortex-job-ends",
+                                            daemon=True)
+            self._thread.start()
         self._subscribed.wait(SUBSCRIBE_WAIT_S)
 
     def _listen(self) -> None:
