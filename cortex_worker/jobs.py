@@ -16,6 +16,7 @@ from typing import Any
 
 from cortex_worker import dispatch, executor
 from cortex_worker.actions.table import ACTION_TYPES, Target
+from cortex_worker.errors import SubmitError
 from cortex_worker.options import JobOptions
 from cortex_worker.plan.canvas import decompose
 from cortex_worker.plan.dag import Plan
@@ -28,15 +29,6 @@ from cortex_worker.settings import Settings, get_settings
 from cortex_worker.store import DEFAULT_TENANT, JOB_TERMINAL, Store, dumps
 from cortex_worker.workflows import spec as wf
 from cortex_worker.workflows.output import failure_message, output_names, render_output
-
-
-class SubmitError(ValueError):
-    """A document that cannot run; `errors` have kind, message, line and column."""
-
-    def __init__(self, message: str, errors: list[dict[str, Any]]) -> None:
-        super().__init__(message)
-        self.message = message
-        self.errors = errors
 
 
 def _problem(kind: str, message: str, line: int = 1, column: int = 1) -> dict[str, Any]:

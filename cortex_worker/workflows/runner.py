@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from cortex_worker.actions.call import Call, Deferred
-from cortex_worker.jobs import SubmitError, submit_workflow
+from cortex_worker.errors import SubmitError
+from cortex_worker.jobs import submit_workflow
 from cortex_worker.options import JobOptions
 from cortex_worker.runtime import get_store
 from cortex_worker.store import job_keys
