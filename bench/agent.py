@@ -247,11 +247,11 @@ class Stack:
     def wait_job(self, job_id: str, timeout: float = 120.0) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
         while True:
-            job = self.store.get_job(job_id) or {}
-            if job.get("status") in TERMINAL:
+            job = self.store.peek(job_id, "status")
+            if job is not None and job.status in TERMINAL:
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {job.get('status')} after {timeout}s")
+                raise TimeoutError(f"job {job_id} still {job and job.status} after {timeout}s")
             time.sleep(0.01)
         return self.store.events_after(job_id)
 

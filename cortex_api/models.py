@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from cortex_worker.options import JobOptions
+from cortex_worker.record import JobRecord
 
 __all__ = ["ActionView", "HealthStatus", "JobCreate", "JobCreated", "JobLinks", "JobList",
            "JobOptions", "JobStatus", "JobStatusView", "JobSummary", "JobView", "Readiness",
@@ -168,15 +169,13 @@ class JobSummary(BaseModel):
     error: str | None = None
 
     @classmethod
-    def _fields(cls, job: dict[str, str]) -> dict[str, Any]:
-        return {"id": job["id"], "status": job.get("status") or "queued",
-                "created_at": _time(job.get("created_at")),
-                "started_at": _time(job.get("started_at")),
-                "finished_at": _time(job.get("finished_at")),
-                "error": job.get("error") or None}
+    def _fields(cls, job: JobRecord) -> dict[str, Any]:
+        return {"id": job.id, "status": job.status, "created_at": job.created_at or None,
+                "started_at": job.started_at, "finished_at": job.finished_at,
+                "error": job.error or None}
 
     @classmethod
-    def from_store(cls, job: dict[str, str]) -> JobSummary:
+    def from_store(cls, job: JobRecord) -> JobSummary:
         """Build from the job hash (`Store.get_job`)."""
         return cls(**cls._fields(job))
 
@@ -196,7 +195,7 @@ class JobView(JobSummary):
                                    description="actions per status, and `total`")
 
     @classmethod
-    def from_store(cls, job: dict[str, str],
+    def from_store(cls, job: JobRecord,
                    actions: dict[str, dict[str, Any]] | None = None) -> JobView:
         """Build from `Store.get_job` and `Store.actions`."""
         entries = sorted((actions or {}).items(), key=lambda kv: _document_order(*kv))
@@ -205,10 +204,9 @@ class JobView(JobSummary):
         for view in views:
             counts[view.status] = counts.get(view.status, 0) + 1
         counts["total"] = len(views)
-        extra = {k: job.get(k) or None for k in ("kind", "agent", "parent_job", "parent_action",
-                                                   "session")}
-        return cls(**cls._fields(job), result=job.get("result") or None, actions=views,
-                   counts=counts, turns=int(job["turns"]) if job.get("turns") else None, **extra)
+        return cls(**cls._fields(job), result=job.result or None, actions=views, counts=counts,
+                   turns=job.turns, kind=job.kind, agent=job.agent, parent_job=job.parent_job,
+                   parent_action=job.parent_action, session=job.session)
 
 
 class JobList(BaseModel):

@@ -23,7 +23,9 @@ import redis.asyncio as aioredis
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Send
 
-from cortex_worker.store import JOB_TERMINAL, channel, dumps, job_keys
+from cortex_worker.keys import channel, job_keys
+from cortex_worker.record import JOB_TERMINAL
+from cortex_worker.store import dumps
 
 log = logging.getLogger("cortex.api.sse")
 
@@ -323,12 +325,17 @@ class EventHub:
 
     async def read(self, job_id: str, after: int, count: int) -> list[Event]:
         """Up to `count` events with seq > `after` (XRANGE on the job's stream)."""
-        entries = await self.redis.xrange(job_keys(job_id)[11], min=f"{after + 1}-0", count=count)
+        entries = await self.redis.xrange(job_keys(job_id).events, min=f"{after + 1}-0", count=count)
         return [json.loads(fields["e"]) for _, fields in entries]
 
     async def status(self, job_id: str) -> str | None:
         """The job's status, None if there is no such job."""
-        return await self.redis.hget(job_keys(job_id)[0], "status")
+        return await self.redis.hget(job_keys(job_id).job, "status")
+
+    async def status_and_tenant(self, job_id: str) -> tuple[str | None, str | None]:
+        """The job's status and tenant (None, None if there is no such job)."""
+        status, tenant = await self.redis.hmget(job_keys(job_id).job, ["status", "tenant"])
+        return status, tenant
 
     # -- housekeeping -------------------------------------------------------------------
     async def ping(self) -> bool:

@@ -9,7 +9,6 @@ actions run. The last of the turn's awaited actions to finish sends the next tur
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -27,18 +26,18 @@ from cortex_worker.agents.prompt import (
     tool_functions,
 )
 from cortex_worker.agents.spec import AgentSpec
-from cortex_worker.jobs import render_responses
+from cortex_worker.kinds import KINDS, render_responses
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.gateway import open_stream
 from cortex_worker.llm.stream import ModelError, TextDelta, ToolCall, Usage, tool_call_to_protocol
-from cortex_worker.options import JobOptions
 from cortex_worker.owners import dead_here, owner
 from cortex_worker.plan.stream import StreamPlanner
 from cortex_worker.protocol import parser as p
 from cortex_worker.protocol.actions import Action
+from cortex_worker.record import JobRecord
 from cortex_worker.runtime import get_job_ends, get_registry
 from cortex_worker.settings import get_settings
-from cortex_worker.store import JOB_TERMINAL, Store, dumps, job_keys
+from cortex_worker.store import Store, dumps
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ def _resume(store: Store, job_id: str) -> tuple[int, list[str], bool]:
     turn, finished, restarted = store.resume(job_id, me, TURN_LEASE_S)
     if turn:
         return turn, finished, restarted
-    current = (store.get_job(job_id) or {}).get("turn_owner") or ""
+    current = (store.peek(job_id, "turn_owner") or JobRecord(id=job_id)).turn_owner
     if current and current != me and dead_here(current):
         return store.resume(job_id, me, TURN_LEASE_S, dead_owner=current)
     return 0, [], False
@@ -76,17 +75,19 @@ def run_turns(store: Store, job_id: str) -> None:
         turn, finished, restarted = _resume(store, job_id)
         if not turn:
             return
-        job = store.get_job(job_id) or {}
-        phase = job.get("turn_phase") if restarted else "resumed"
+        job = store.get_job(job_id)
+        if job is None:
+            return  # expired
+        phase = job.turn_phase if restarted else "resumed"
         if restarted:
             log.warning("job %s: taking over turn %s (phase %s) from %s", job_id, turn, phase,
-                        job.get("turn_owner"))
+                        job.turn_owner)
             store.emit(job_id, [("warning", {
                 "kind": "turn_restarted", "turn": turn,
                 "message": f"turn {turn} was taken over from a coordinator that stopped; "
                            "events of this turn already sent may repeat"})])
         try:
-            agent = get_registry().agent(job["agent"])
+            agent = get_registry().agent(job.agent or "")
         except Exception as exc:
             end_job(store, job_id, "failed", error=str(exc), turns=turn - 1)
             return
@@ -114,27 +115,26 @@ def run_turns(store: Store, job_id: str) -> None:
             return  # the last awaited action to finish sends the next turn
 
 
-def _close_previous_turn(store: Store, job_id: str, job: dict[str, str], agent: AgentSpec,
+def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: AgentSpec,
                          turn: int) -> bool:
     """Render the last turn's responses, then end the job if it is done; True if it ended."""
-    events, final = render_responses(store, job_id, json.loads(job.get("pending_responses") or "[]"))
-    result = final or job.get("result") or None
+    events, final = render_responses(store, job_id, job.pending_responses)
+    result = final or job.result or None
     if turn > 1:
         events.append(("turn_completed", {"turn": turn - 1}))
     if events:  # before clearing them: a coordinator that dies between repeats, never loses
         store.emit(job_id, events)
-    store.set_job(job_id, pending_responses="[]", result=result or "")
-    started = float(job.get("started_at") or job.get("created_at") or time.time())
+    store.set_job(job_id, pending_responses=[], result=result or "")
     ran = turn - 1  # `turn` is the one about to start; it never runs if the job ends here
-    if job.get("final") == "1":
+    if job.final:
         end_job(store, job_id, "completed", result=result, turns=ran)
-    elif int(job.get("reminders") or 0) >= MAX_REMINDERS:
+    elif job.reminders >= MAX_REMINDERS:
         end_job(store, job_id, "failed", error=f"{MAX_REMINDERS} turns in a row without an action "
                 "or a final response", turns=ran)
     elif turn > agent.max_turns:
         end_job(store, job_id, "failed", error=f"max_turns ({agent.max_turns}) reached without a "
                 "final response", turns=ran)
-    elif time.time() - started > agent.max_wall_time_s:
+    elif time.time() - job.begun_at > agent.max_wall_time_s:
         end_job(store, job_id, "failed", error=f"wall time limit ({agent.max_wall_time_s:g} s) reached",
                 turns=ran)
     else:
@@ -157,39 +157,37 @@ class _Turn:
     flushed_at: float = 0.0
 
 
-def _stop_reason(store: Store, job_id: str, agent: AgentSpec, job: dict[str, str],
+def _stop_reason(store: Store, job_id: str, agent: AgentSpec, job: JobRecord,
                  renew: bool = False) -> str | None:
     """Why a generation must stop now: "ended" (cancelled or failed elsewhere, or the turn
     was taken over by another coordinator), the wall time limit, or None. `renew`: extend
     this coordinator's turn lease."""
-    current = store.get_job(job_id) or {}
-    if current.get("status") in JOB_TERMINAL:
+    current = store.peek(job_id, "status", "turn_owner")
+    if current is None or current.ended:
         return "ended"
-    if renew and current.get("turn_owner"):
-        if current["turn_owner"] != owner():
+    if renew and current.turn_owner:
+        if current.turn_owner != owner():
             return "ended"  # our lease ran out and another coordinator owns the turn now
-        store.set_job(job_id, turn_lease=repr(time.time() + TURN_LEASE_S))
-    started = float(job.get("started_at") or job.get("created_at") or time.time())
-    if time.time() - started > agent.max_wall_time_s:
+        store.set_job(job_id, turn_lease=time.time() + TURN_LEASE_S)
+    if time.time() - job.begun_at > agent.max_wall_time_s:
         return f"wall time limit ({agent.max_wall_time_s:g} s) reached"
     return None
 
 
-def _prompt(store: Store, job_id: str, job: dict[str, str], agent: AgentSpec, turn: int,
+def _prompt(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
             finished: list[str]) -> list[dict[str, Any]]:
     parts: list[str] = []
     if turn == 1:
-        parts.append(job.get("input", ""))
+        parts.append(job.input)
     records = store.results(job_id, finished)
     results = [{"id": a, "status": r["status"], "value": r.get("value")} if r["status"] == "ok"
                else {"id": a, "status": r["status"], "error": r.get("error")}
                for a, r in records.items()]
     if results:
         parts.append(format_results(results, RESULT_CHARS))
-    errors = json.loads(job.get("feedback") or "[]")
-    if errors:
-        parts.append(format_errors(errors))
-    if job.get("remind") == "1":
+    if job.feedback:
+        parts.append(format_errors(job.feedback))
+    if job.remind:
         parts.append(PROTOCOL_REMINDER)
     context = feeds.current_values(store, job_id, agent.name)
     if context:
@@ -199,17 +197,16 @@ def _prompt(store: Store, job_id: str, job: dict[str, str], agent: AgentSpec, tu
     return [{"role": "system", "content": system}, *store.conversation(job_id), user]
 
 
-def _generate(store: Store, job_id: str, job: dict[str, str], agent: AgentSpec, turn: int,
+def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
               finished: list[str], restarted: bool = False) -> _Turn | None:
     messages = _prompt(store, job_id, job, agent, turn, finished)
     if not restarted:
         begin = [("job_started", {"kind": "agent", "agent": agent.name})] if turn == 1 else []
         store.emit(job_id, [*begin, ("turn_started", {"turn": turn})], live=True)
-    planner = StreamPlanner.from_json(json.loads(job.get("planner") or "{}"))
+    planner = StreamPlanner.from_json(job.planner)
     tools = tool_functions(agent, get_registry()) if agent.model.native_tools else None
-    options = JobOptions.model_validate_json(job.get("options") or "{}")
-    model = agent.model.named(options.model)
-    depth = int(job.get("depth") or 0)
+    model = KINDS["agent"].model(job) or agent.model
+    depth = job.depth
     with get_job_ends().watch(job_id) as job_ended:
         for restart in range(TURN_RESTARTS + 1):
             state = _Turn()
@@ -286,18 +283,18 @@ def _generate(store: Store, job_id: str, job: dict[str, str], agent: AgentSpec, 
     idle = state.actions == 0 and not state.final
     fields: dict[str, Any] = {
         "planner": planner.to_json(), "pending_responses": state.responses,
-        "final": "1" if state.final else job.get("final", "0"),
+        "final": state.final or job.final,
         "feedback": [{k: e[k] for k in ("kind", "message", "line", "column")} for e in state.errors],
-        "remind": "1" if idle else "0",
-        "reminders": str(int(job.get("reminders") or 0) + 1 if idle else 0),
+        "remind": idle,
+        "reminders": job.reminders + 1 if idle else 0,
         "turn_phase": "generated",
     }
     estimated = usage is None and state.stopped_at is not None
     if estimated:  # we closed the stream before the endpoint sent its counts
         usage = estimate_usage(messages, deltas)
     if usage is not None:
-        fields["prompt_tokens"] = str(int(job.get("prompt_tokens") or 0) + usage.prompt_tokens)
-        fields["completion_tokens"] = str(int(job.get("completion_tokens") or 0) + usage.completion_tokens)
+        fields["prompt_tokens"] = job.prompt_tokens + usage.prompt_tokens
+        fields["completion_tokens"] = job.completion_tokens + usage.completion_tokens
         store.emit(job_id, [("usage", {"turn": turn, "prompt_tokens": usage.prompt_tokens,
                                        "completion_tokens": usage.completion_tokens,
                                        **({"estimated": True} if estimated else {})})])
@@ -361,14 +358,6 @@ def _coalesce(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[s
     return [(e.type, e.data) for e in events]
 
 
-def _refusal(agent: AgentSpec, action: Action, depth: int) -> str | None:
-    """Why this agent may not run this action, or None."""
-    if action.type.value == "agent" and action.name in agent.agents \
-            and depth + 1 > agent.max_depth:
-        return f"agent nesting depth limit ({agent.max_depth}) reached"
-    return agent.refusal(action.type.value, action.name)
-
-
 def _start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
                   action: Action, depth: int, model: ModelConfig) -> bool:
     """Register the action and send it if it is ready; False if the job has ended."""
@@ -379,14 +368,14 @@ def _start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPl
         spec["model"] = model.model_dump(mode="json")  # the job's model (option `model`)
     entry = {"id": action.id, "spec": dumps(spec), "deps": deps, "after": after,
              "on_error": action.on_error.value, "awaited": action.mode.value != "fire_and_forget"}
-    refusal = _refusal(agent, action, depth)
+    refusal = agent.refusal(action.type.value, action.name)  # nesting: jobs.submit_child
     if refusal is not None:  # registered (dependents may wait on it), never queued
         entry.update(deps=[], after=[], hold=True)
     if store.spec(job_id, action.id) is not None:
         # Registered by an earlier generation of this turn, whose coordinator died: never
         # dispatch it again, unless it is still `queued` (it may have died before sending it;
         # a second delivery of a sent one is harmless: `claim` runs an action once).
-        if refusal is None and store.redis.hget(job_keys(job_id)[2], action.id) == "queued":
+        if refusal is None and store.action_status(job_id, action.id) == "queued":
             ready = [{"id": action.id}]
         else:
             return True
@@ -419,16 +408,10 @@ def _fail_unseen_dependencies(store: Store, job_id: str, planner: StreamPlanner,
 
 def end_job(store: Store, job_id: str, status: str, *, result: str | None = None,
             error: str | None = None, turns: int | None = None) -> None:
-    """End an agent job (through `jobs.end_job`); a session gets its reply first. `turns`: how
-    many turns ran (default: the job's turn counter, which counts a turn as it begins)."""
-    job = store.get_job(job_id) or {}
-    if job.get("status") in JOB_TERMINAL:
-        return
-    if job.get("session"):  # before the job ends, so its next message sees this reply
-        store.append_session(job["session"], {
-            "role": "assistant", "content": result if status == "completed" else
-            f"[the job ended {status}: {error}]", "job_id": job_id})
-    ran = int(job.get("turn") or 0) if turns is None else turns
+    """End an agent job (through `jobs.end_job`). `turns`: how many turns ran (default: the
+    job's turn counter, which counts a turn as it begins)."""
+    if turns is None:
+        turns = (store.peek(job_id, "turn") or JobRecord(id=job_id)).turn
     jobs.end_job(store, job_id, status, {"status": status, "result": result, "error": error,
-                                         "turns": ran},
-                 {"result": result or "", "error": error or "", "turns": str(ran)}, result=result)
+                                         "turns": turns},
+                 {"result": result or "", "error": error or "", "turns": turns}, result=result)

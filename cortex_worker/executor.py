@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from cortex_worker import dispatch
-from cortex_worker.actions.call import Call, Deferred
+from cortex_worker.actions.call import Call, ChildJob, Deferred
 from cortex_worker.actions.table import ACTION_TYPES, runner_of
+from cortex_worker.errors import SubmitError
 from cortex_worker.llm.stream import ModelError
-from cortex_worker.options import JobOptions
 from cortex_worker.owners import dead_here, owner
 from cortex_worker.protocol.variables import find_references, substitute
 from cortex_worker.runtime import get_registry, get_store
@@ -39,6 +39,9 @@ class JobHooks(Protocol):
 
     def fail(self, store: Store, job_id: str, reason: str) -> None:
         """End the job `failed` now (fail_fast)."""
+
+    def start_child(self, store: Store, job_id: str, action_id: str, child: ChildJob) -> None:
+        """Start the child job an action asked for; raises `SubmitError` if it cannot run."""
 
 
 _job_hooks: JobHooks | None = None
@@ -131,7 +134,11 @@ def _run(job_id: str, action_id: str, spec: Mapping[str, Any], params: Any,
             raise ToolError(f"{spec['type']} actions cannot run in this version")
         value = runner_of(spec["type"])(Call(job_id, action_id, spec, params, timeout, get_settings()))
         return "ok", value, None
-    except Deferred:
+    except Deferred as deferred:  # the action goes on in a child job
+        try:
+            _jobs().start_child(get_store(), job_id, action_id, deferred.child)
+        except SubmitError as exc:
+            return "error", None, exc.message
         return "deferred", None, None
     except ToolTimeout as exc:
         return "timeout", None, str(exc)
@@ -190,8 +197,8 @@ def _record(store: Store, job_id: str, action_id: str, spec: Mapping[str, Any], 
     if not result.recorded:
         return "duplicate"
     if status != "ok":
-        job = store.get_job(job_id) or {}
-        if JobOptions.model_validate_json(job.get("options") or "{}").fail_fast:
+        job = store.peek(job_id, "options")
+        if job is not None and job.options.fail_fast:
             _jobs().fail(store, job_id, f"fail_fast: action {action_id!r} ended {status}: {error}")
             return status
     if trigger and result.ready:

@@ -15,7 +15,7 @@ from cortex_worker import dispatch, feeds
 from cortex_worker.actions.call import Call
 from cortex_worker.agents.spec import INTERNAL_ACTIONS
 from cortex_worker.runtime import get_store
-from cortex_worker.store import Store, job_keys
+from cortex_worker.store import Store
 from cortex_worker.tools.errors import ToolError
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -38,7 +38,7 @@ def set_variable(store: Store, call: Call, params: dict[str, Any]) -> Any:
 
 def delete_variable(store: Store, call: Call, params: dict[str, Any]) -> Any:
     name = _name(params, "name")
-    return {"name": name, "deleted": bool(store.redis.hdel(job_keys(call.job_id)[7], name))}
+    return {"name": name, "deleted": store.delete_variable(call.job_id, name)}
 
 
 def add_context_feed(store: Store, call: Call, params: dict[str, Any]) -> Any:
@@ -82,10 +82,7 @@ def list_context_feeds(store: Store, call: Call, params: dict[str, Any]) -> Any:
 
 def clear_context(store: Store, call: Call, params: dict[str, Any]) -> Any:
     """Forget the conversation so far; the next turn starts from the system prompt."""
-    key = job_keys(call.job_id)[16]
-    dropped = store.redis.llen(key)
-    store.redis.delete(key)
-    return {"cleared_messages": dropped}
+    return {"cleared_messages": store.clear_conversation(call.job_id)}
 
 
 def _allowed(agent: str | None, feed: feeds.FeedSpec) -> feeds.FeedSpec:

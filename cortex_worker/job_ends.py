@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import redis
 
-from cortex_worker.store import ENDED_CHANNEL
+from cortex_worker.keys import ENDED_CHANNEL
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,11 @@
-"""Jobs: submit, start, finish and cancel; `end_job` is the one place any job ends.
+"""The job state machine: submit, start, drain, finish and cancel, for every kind.
 
-The API calls `submit_*` and `cancel_job`; the `agent` pool runs `start_document` (documents
-and workflows share `start_plan`) and the agent turns (`coordinator`); the worker that
-finishes a job's last action calls `on_drained`, through the hooks this module installs in
-the executor (the executor sits below the jobs and never imports them).
+What differs between documents, workflows and agents is asked of their `kinds.JobKind`;
+the moves are made here, and `end_job` is the one place any job ends. The API calls
+`submit_*` and `cancel_job`; the `agent` pool runs `start_job` and the agent turns
+(`coordinator`); the worker that finishes a job's last action calls `on_drained`, and one
+that runs an agent or workflow action calls `submit_child`, through the hooks this module
+installs in the executor (which sits below the jobs and never imports them).
 """
 
 from __future__ import annotations
@@ -15,20 +17,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from cortex_worker import dispatch, executor
+from cortex_worker.actions.call import ChildJob
 from cortex_worker.actions.table import ACTION_TYPES, Target
 from cortex_worker.errors import SubmitError
+from cortex_worker.kinds import KINDS, Start
 from cortex_worker.options import JobOptions
 from cortex_worker.plan.canvas import decompose
 from cortex_worker.plan.dag import Plan
-from cortex_worker.protocol import parser as p
 from cortex_worker.protocol.actions import Action
 from cortex_worker.protocol.document import Document, load_document
-from cortex_worker.protocol.variables import find_references, render
+from cortex_worker.record import DEFAULT_TENANT, JobKindName, JobRecord
 from cortex_worker.runtime import get_registry
 from cortex_worker.settings import Settings, get_settings
-from cortex_worker.store import DEFAULT_TENANT, JOB_TERMINAL, Store, dumps
+from cortex_worker.store import Store, dumps
 from cortex_worker.workflows import spec as wf
-from cortex_worker.workflows.output import failure_message, output_names, render_output
 
 
 def _problem(kind: str, message: str, line: int = 1, column: int = 1) -> dict[str, Any]:
@@ -50,11 +52,9 @@ def check_document(doc: Document) -> list[dict[str, Any]]:
     return errors
 
 
-def _tenant(store: Store, tenant: str | None, parent: tuple[str, str] | None) -> str:
-    """A new job's tenant: its parent job's (a child never leaves it), else the caller's."""
-    if parent:
-        return (store.get_job(parent[0]) or {}).get("tenant") or DEFAULT_TENANT
-    return tenant or DEFAULT_TENANT
+#: How deep jobs may nest (a child's depth is its parent's + 1), unless the parent is an agent
+#: job: then its manifest's `max_depth` is the limit.
+MAX_DEPTH = 8
 
 
 def model_of_document(settings: Settings, options: JobOptions) -> dict[str, Any]:
@@ -79,30 +79,19 @@ def submit_document(store: Store, text: str, *, options: JobOptions | None = Non
     errors = check_document(doc)
     if errors:
         raise SubmitError(f"the document has {len(errors)} error(s)", errors)
-    job_id = uuid.uuid4().hex
-    store.create_job(job_id, {
-        "kind": "document",
-        "tenant": _tenant(store, tenant, None),
+    return _create(store, "document", {
         "document": text,
-        "options": options.model_dump(),
-        "limit": str(options.max_parallel or settings.max_parallel_actions),
         "responses": [{"final": r["final"], "text": r["text"]} for r in doc.responses],
         **model_of_document(settings, options),
-    }, settings.event_retention_s, [("job_queued", {"kind": "document", "actions": len(doc.actions)})])
-    dispatch.start_job(job_id)
-    return job_id
+    }, {"actions": len(doc.actions)}, options=options, tenant=tenant)
 
 
 def submit_workflow(store: Store, name: str, inputs: Any, *, options: JobOptions | None = None,
                     parent: tuple[str, str] | None = None, depth: int = 0,
                     tenant: str | None = None) -> str:
     """Validate `inputs`, create the workflow's job and queue its start; returns the job id.
-
-    The job's actions are the workflow's steps; its `inputs` variable is the inputs object (the
-    schema's top-level defaults filled in). A child of an action (`parent`: job id, action id)
-    gets an id derived from them, so a redelivered action finds its job instead of starting
-    another one.
-    """
+    The job's actions are the workflow's steps; its `inputs` variable is the inputs object
+    (the schema's top-level defaults filled in)."""
     registry = get_registry()
     flow = registry.workflows.get(name)
     if flow is None:
@@ -117,39 +106,93 @@ def submit_workflow(store: Store, name: str, inputs: Any, *, options: JobOptions
                   for path, text in problems]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         raise SubmitError(errors[0]["message"] + more, errors)
+    actions = flow.actions()
+    fields: dict[str, Any] = {
+        "workflow": flow.name, "inputs": inputs,
+        "actions": [a.model_dump(mode="json") for a in actions],
+        "output": {"template": flow.output, "default": flow.last_step},
+    }
+    if flow.model is not None:
+        fields["model"] = flow.model.model_dump(mode="json")
+    return _create(store, "workflow", fields, {"workflow": flow.name, "steps": len(actions)},
+                   options=options, parent=parent, depth=depth, tenant=tenant,
+                   variables={wf.INPUTS: inputs})
+
+
+def submit_agent(store: Store, agent: str, text: str, *, options: JobOptions | None = None,
+                 parent: tuple[str, str] | None = None, depth: int = 0,
+                 history: list[dict[str, Any]] | None = None, session: str | None = None,
+                 tenant: str | None = None) -> str:
+    """Create an agent job (`agent` must be registered) and queue its first turn."""
+    spec = get_registry().agent(agent)
+    fields: dict[str, Any] = {"agent": spec.name, "input": text}
+    if session:
+        fields["session"] = session
+    periodic = {f.id: f for f in spec.context_feeds if f.type == "periodic" and f.enabled}
+    return _create(store, "agent", fields, {"agent": spec.name}, options=options,
+                   parent=parent, depth=depth, tenant=tenant, history=history,
+                   feeds=periodic)
+
+
+def _create(store: Store, kind: JobKindName, fields: dict[str, Any], queued: dict[str, Any], *,
+            options: JobOptions | None, parent: tuple[str, str] | None = None, depth: int = 0,
+            tenant: str | None = None, variables: dict[str, Any] | None = None,
+            history: list[dict[str, Any]] | None = None, feeds: dict[str, Any] | None = None
+            ) -> str:
+    """The bookkeeping every kind shares: create the record, link a child to its parent, and
+    queue the first step. A child of an action (`parent`: job id, action id) gets an id
+    derived from them, so a redelivered action finds its job instead of starting another
+    (and re-sends its start, which may never have been sent)."""
     settings = get_settings()
     options = options or JobOptions()
     if parent:  # one child per parent action, even if its task is delivered twice
         job_id = child_job_id(*parent)
-        existing = store.get_job(job_id)
+        existing = store.peek(job_id, "status")
         if existing is not None:
-            if existing.get("status") == "queued":  # its start may never have been sent
-                dispatch.start_job(job_id)
+            if existing.status == "queued":
+                KINDS[kind].send_start(job_id)
             return job_id
+        tenant = (store.peek(parent[0], "tenant") or JobRecord(id="")).tenant  # never leaves it
     else:
         job_id = uuid.uuid4().hex
-    actions = flow.actions()
-    fields: dict[str, Any] = {
-        "kind": "workflow", "workflow": flow.name, "inputs": inputs,
-        "tenant": _tenant(store, tenant, parent),
-        "actions": [a.model_dump(mode="json") for a in actions],
-        "output": {"template": flow.output, "default": flow.last_step},
-        "options": options.model_dump(), "depth": str(depth),
-        "limit": str(options.max_parallel or settings.max_parallel_actions),
-    }
-    if flow.model is not None:
-        fields["model"] = flow.model.model_dump(mode="json")
+    record: dict[str, Any] = {
+        "kind": kind, "tenant": tenant or DEFAULT_TENANT, "options": options, "depth": depth,
+        "limit": options.max_parallel or settings.max_parallel_actions, **fields}
     if parent:
-        fields.update(parent_job=parent[0], parent_action=parent[1])
-    store.create_job(job_id, fields, settings.event_retention_s, [(
-        "job_queued", {"kind": "workflow", "workflow": flow.name, "steps": len(actions),
-                       "parent_job": parent and parent[0], "parent_action": parent and parent[1],
-                       "depth": depth})])
-    store.set_variables(job_id, {wf.INPUTS: inputs})
+        record.update(parent_job=parent[0], parent_action=parent[1])
+    links = {"parent_job": parent[0], "parent_action": parent[1], "depth": depth} if parent else {}
+    store.create_job(job_id, record, settings.event_retention_s,
+                     [("job_queued", {"kind": kind, **queued, **links})])
+    store.set_variables(job_id, variables or {})
+    if history:
+        store.append_conversation(job_id, *history)
     if parent and not _adopt(store, parent, job_id):
         return job_id
-    dispatch.start_job(job_id)
+    if feeds:  # an agent's periodic context feeds refresh from its creation on
+        dispatch.refresh_feeds(job_id, feeds)
+    KINDS[kind].send_start(job_id)
     return job_id
+
+
+def submit_child(store: Store, job_id: str, action_id: str, child: ChildJob) -> str:
+    """Start the child job an action asked for (once: its id is derived from the action).
+    The one nesting rule: a child's depth (its parent's + 1) may not exceed `MAX_DEPTH`, or
+    an agent parent's `max_depth`. The child inherits the parent's options."""
+    parent = store.peek(job_id, "kind", "agent", "depth", "options")
+    if parent is None:
+        raise SubmitError(f"job {job_id} has expired", [])
+    limit = MAX_DEPTH
+    if parent.kind == "agent" and parent.agent in get_registry().agents:
+        limit = get_registry().agents[parent.agent].max_depth
+    depth = parent.depth + 1
+    if depth > limit:
+        message = f"{child.kind} {child.name!r}: nesting depth limit ({limit}) reached"
+        raise SubmitError(message, [_problem("too_deep", message)])
+    link = (job_id, action_id)
+    if child.kind == "agent":
+        return submit_agent(store, child.name, child.input, parent=link, depth=depth)
+    return submit_workflow(store, child.name, child.input, options=parent.options, parent=link,
+                           depth=depth)
 
 
 def _adopt(store: Store, parent: tuple[str, str], child: str) -> bool:
@@ -158,8 +201,8 @@ def _adopt(store: Store, parent: tuple[str, str], child: str) -> bool:
     was added (it adds before it looks; a parent ends before it lists)."""
     store.add_child(parent[0], child)
     store.emit(parent[0], [("child_job", {"action_id": parent[1], "job_id": child})], live=True)
-    status = (store.get_job(parent[0]) or {}).get("status")
-    if status is not None and status not in JOB_TERMINAL:
+    status = store.peek(parent[0], "status")
+    if status is not None and not status.ended:
         return True
     cancel_job(store, child, reason=f"its parent job {parent[0]} ended")
     return False
@@ -176,50 +219,41 @@ def action_entry(plan: Plan, action_id: str,
             "after": list(node.after), "on_error": node.action.on_error.value}
 
 
-def start_document(store: Store, job_id: str) -> None:
-    """Run a queued document or workflow job: log its start, seed its variables, dispatch
-    what is ready (see `start_plan`)."""
+def start_job(store: Store, job_id: str) -> None:
+    """Run a queued document or workflow job (the start task, on the agent pool): log its
+    start, seed its variables, dispatch what is ready (see `start_plan`)."""
     job = store.get_job(job_id)
-    if job is None or job["status"] not in ("queued", "running"):
+    if job is None or job.status not in ("queued", "running"):
         return
-    if job.get("kind") == "workflow":  # its steps, stored as actions when it was submitted
-        actions = [Action.model_validate(a) for a in json.loads(job.get("actions") or "[]")]
-        plan, variables = wf.workflow_plan(actions), {}  # `inputs` was seeded at submit
-        events = [("job_started", {"kind": "workflow", "workflow": job.get("workflow")}),
-                  *[(p.ACTION_PARSED, {"action": a.model_dump(mode="json")}) for a in actions]]
-    else:
-        doc = load_document(job["document"])
-        assert doc.plan is not None
-        plan, variables = doc.plan, doc.feeds
-        events = [("job_started", {"kind": "document"}), *_parse_events(doc)]
-    start_plan(store, job_id, job, plan, events, variables)
+    start = KINDS[job.kind].start(store, job)
+    if start is not None:
+        start_plan(store, job, start)
 
 
-def _inherited(job: dict[str, str], action: Action) -> dict[str, Any]:
+def _inherited(job: JobRecord, action: Action) -> dict[str, Any]:
     """Spec fields an action takes from its job: nesting depth, and llm actions' model."""
     extra: dict[str, Any] = {}
-    if job.get("depth"):
-        extra["depth"] = int(job["depth"])
-    if action.type.value == "llm" and job.get("model"):
-        extra["model"] = json.loads(job["model"])
+    if job.depth:
+        extra["depth"] = job.depth
+    if action.type.value == "llm" and job.model:
+        extra["model"] = job.model
     return extra
 
 
-def start_plan(store: Store, job_id: str, job: dict[str, str], plan: Plan,
-               events: list[tuple[str, dict[str, Any]]], variables: dict[str, Any]) -> None:
-    """Start a job whose whole plan is known (a document, a workflow): log `events`, seed
-    `variables`, register every action, and dispatch: one canvas mirroring a series-parallel
-    plan, otherwise each action when it is ready."""
-    options = JobOptions.model_validate_json(job.get("options") or "{}")
-    store.set_variables(job_id, variables)  # first: a start redelivered later finds them
-    begun = store.begin(job_id, events)  # atomic: a job cancelled meanwhile stays cancelled
+def start_plan(store: Store, job: JobRecord, start: Start) -> None:
+    """Start a job whose whole plan is known (a document, a workflow): log its events, seed
+    its variables, register every action, and dispatch: one canvas mirroring a
+    series-parallel plan, otherwise each action when it is ready."""
+    job_id, plan = job.id, start.plan
+    store.set_variables(job_id, start.variables)  # first: a start redelivered later finds them
+    begun = store.begin(job_id, start.events)  # atomic: a job cancelled meanwhile stays cancelled
     if begun == "ended":
         return
     redelivered = begun == "running"  # a worker died while starting it
     step = None
-    if options.canvas if options.canvas is not None else get_settings().canvas:
+    if job.options.canvas if job.options.canvas is not None else get_settings().canvas:
         step = decompose(plan)
-        if step is not None and step.width() > int(job.get("limit") or 1):
+        if step is not None and step.width() > job.limit:
             step = None
     store.set_job(job_id, dispatch="canvas" if step else "readiness")
     entries = [action_entry(plan, a, _inherited(job, plan.nodes[a].action)) for a in plan.nodes]
@@ -238,66 +272,14 @@ def start_plan(store: Store, job_id: str, job: dict[str, str], plan: Plan,
         on_drained(store, job_id)
 
 
-def _parse_events(doc: Document) -> list[tuple[str, dict[str, Any]]]:
-    """The document's parse as log events (chunks joined); responses end when rendered."""
-    out: list[tuple[str, dict[str, Any]]] = []
-    for event in p.coalesce(doc.events):
-        if event.type == p.RESPONSE_END:
-            continue
-        data = event.data
-        if event.type == p.ACTION_PARSED:
-            data = {"action": data["action"].model_dump(mode="json"), "end": data["end"]}
-        out.append((event.type, data))
-    return out
-
-
-def submit_agent(store: Store, agent: str, text: str, *, options: JobOptions | None = None,
-                 parent: tuple[str, str] | None = None, depth: int = 0,
-                 history: list[dict[str, Any]] | None = None, session: str | None = None,
-                 tenant: str | None = None) -> str:
-    """Create an agent job (`agent` must be registered) and queue its first turn."""
-    spec = get_registry().agent(agent)
-    settings = get_settings()
-    options = options or JobOptions()
-    if parent:  # one child per parent action, even if its task is delivered twice
-        job_id = child_job_id(*parent)
-        if store.get_job(job_id) is not None:
-            return job_id
-    else:
-        job_id = uuid.uuid4().hex
-    fields: dict[str, Any] = {
-        "kind": "agent", "agent": spec.name, "input": text, "options": options.model_dump(),
-        "tenant": _tenant(store, tenant, parent),
-        "limit": str(options.max_parallel or settings.max_parallel_actions), "depth": str(depth),
-        "final": "0", "reminders": "0",
-    }
-    if parent:
-        fields.update(parent_job=parent[0], parent_action=parent[1])
-    if session:
-        fields["session"] = session
-    store.create_job(job_id, fields, settings.event_retention_s, [(
-        "job_queued", {"kind": "agent", "agent": spec.name, "parent_job": parent and parent[0],
-                       "parent_action": parent and parent[1], "depth": depth})])
-    if history:
-        store.append_conversation(job_id, *history)
-    if parent and not _adopt(store, parent, job_id):
-        return job_id
-    periodic = {f.id: f for f in spec.context_feeds if f.type == "periodic" and f.enabled}
-    if periodic:
-        dispatch.refresh_feeds(job_id, periodic)
-    dispatch.agent_turn(job_id)
-    return job_id
-
-
 def on_drained(store: Store, job_id: str) -> None:
-    """Nothing is left to wait for: a document job ends, an agent job takes its next turn."""
+    """Nothing is left to wait for: the job's kind says whether it is done (an agent job
+    takes its next turn instead)."""
     job = store.get_job(job_id)
-    if job is None or job.get("status") != "finishing":
+    if job is None or job.status != "finishing":
         return
-    if job.get("kind") == "agent":
-        dispatch.agent_turn(job_id)
-    else:
-        finalize(store, job_id)
+    if KINDS[job.kind].on_drained(store, job):
+        finalize(store, job)
 
 
 def child_job_id(parent_job: str, parent_action: str) -> str:
@@ -305,59 +287,15 @@ def child_job_id(parent_job: str, parent_action: str) -> str:
     return uuid.uuid5(uuid.NAMESPACE_URL, f"cortex:{parent_job}:{parent_action}").hex
 
 
-def render_responses(store: Store, job_id: str, responses: list[dict[str, Any]]
-                     ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
-    """`response_end` events with the job's variables filled in, and the last final text."""
-    names = {ref for r in responses for ref in find_references(r["text"])}
-    values = store.variables(job_id, names)
-    events: list[tuple[str, dict[str, Any]]] = []
-    final = None
-    for response in responses:
-        text, _ = render(response["text"], values)
-        events.append(("response_end", {"final": response["final"], "text": text}))
-        if response["final"]:
-            final = text
-    return events, final
-
-
-def finalize(store: Store, job_id: str) -> None:
-    """End a drained job: render its responses (a workflow: its output), record its outcome
-    (once), and hand it to the action that started the job, if one did."""
-    job = store.get_job(job_id)
-    if job is None or job.get("status") != "finishing":
-        return
-    failures = int(job.get("failures") or 0)
-    status = "failed" if failures else "completed"
-    events: list[tuple[str, dict[str, Any]]] = []
-    result: Any = None
-    if job.get("kind") == "workflow":
-        result, error, events = _workflow_end(store, job_id, job, failures)
-    else:
-        events, result = render_responses(store, job_id, json.loads(job.get("responses") or "[]"))
-        error = f"{failures} action(s) failed" if failures else ""
-    started = float(job.get("started_at") or job["created_at"])
-    summary = {"status": status, "result": result, "error": error or None,
-               "duration_ms": round((time.time() - started) * 1000, 3)}
+def finalize(store: Store, job: JobRecord) -> None:
+    """End a drained job with its kind's outcome (once)."""
+    outcome = KINDS[job.kind].finish(store, job)
+    summary = {"status": outcome.status, "result": outcome.result, "error": outcome.error or None,
+               "duration_ms": round((time.time() - job.begun_at) * 1000, 3)}
+    result = outcome.result
     text = "" if result is None else result if isinstance(result, str) else dumps(result)
-    end_job(store, job_id, status, summary, {"result": text, "error": error}, events=events,
-            only_if="finishing", result=result)
-
-
-def _workflow_end(store: Store, job_id: str, job: dict[str, str],
-                  failures: int) -> tuple[Any, str, list[tuple[str, dict[str, Any]]]]:
-    """A drained workflow run: (its output rendered from the job's variables, "", warnings),
-    or (None, which steps failed and why, []) if any step failed."""
-    name = job.get("workflow") or "?"
-    if failures:
-        return None, failure_message(name, store.actions(job_id)), []
-    output = json.loads(job.get("output") or "{}")
-    template, default = output.get("template"), output.get("default") or ""
-    values = store.variables(job_id, output_names(template, default))
-    result, unresolved = render_output(template, default, values)
-    warnings = [("warning", {"kind": "unresolved_reference", "message": f"{u.text} in the "
-                             f"output of workflow {name!r} was left as written: {u.reason}"})
-                for u in unresolved]
-    return result, "", warnings
+    end_job(store, job.id, outcome.status, summary, {"result": text, "error": outcome.error},
+            events=outcome.events, only_if="finishing", result=result)
 
 
 def end_job(store: Store, job_id: str, status: str, data: dict[str, Any],
@@ -367,6 +305,11 @@ def end_job(store: Store, job_id: str, status: str, data: dict[str, Any],
     cancel what is unfinished (unless it completed), revoke what runs, cancel its children,
     and hand the outcome (`result`, or `data["error"]`) to the action that started it. False
     if it had already ended (or was not `only_if`)."""
+    job = store.get_job(job_id)
+    if job is None or job.ended:
+        return False
+    error = data.get("error") or data.get("reason")
+    KINDS[job.kind].ending(store, job, status, result, error)
     kind = {"completed": "job_completed", "cancelled": "job_cancelled"}.get(status, "job_failed")
     ended = store.close(job_id, status, fields, [*events, (kind, data)], only_if=only_if)
     if ended is None:
@@ -374,8 +317,7 @@ def end_job(store: Store, job_id: str, status: str, data: dict[str, Any],
     dispatch.revoke(job_id, ended)
     if status != "completed":
         cancel_children(store, job_id)
-    job = store.get_job(job_id) or {}
-    _notify_parent(store, job, status, result, data.get("error") or data.get("reason"))
+    _notify_parent(store, job, status, result, error)
     return True
 
 
@@ -391,19 +333,18 @@ def cancel_children(store: Store, job_id: str) -> None:
         cancel_job(store, child, reason=f"its parent job {job_id} ended")
 
 
-def _notify_parent(store: Store, job: dict[str, str], status: str, result: Any,
+def _notify_parent(store: Store, job: JobRecord, status: str, result: Any,
                    error: str | None) -> None:
     """A child job ended: its outcome completes or fails the parent's action."""
-    parent, action_id = job.get("parent_job"), job.get("parent_action")
-    if not parent or not action_id:
+    if job.parent is None:
         return
+    parent, action_id = job.parent
     spec = store.spec(parent, action_id) or {"id": action_id}
     if status == "completed":
         executor.record_outcome(store, parent, action_id, spec, "ok", result, None, trigger=True)
     else:
         executor.record_outcome(store, parent, action_id, spec, "error", None,
-                                f"{job.get('kind') or 'child'} job {job.get('id')} {status}: "
-                                f"{error}", trigger=True)
+                                f"{job.kind} job {job.id} {status}: {error}", trigger=True)
 
 
 def expire_deferred(store: Store, job_id: str, action_id: str) -> None:
@@ -425,6 +366,9 @@ class _Hooks:
 
     def fail(self, store: Store, job_id: str, reason: str) -> None:
         cancel_job(store, job_id, status="failed", reason=reason)
+
+    def start_child(self, store: Store, job_id: str, action_id: str, child: ChildJob) -> None:
+        submit_child(store, job_id, action_id, child)
 
 
 executor.install_job_hooks(_Hooks())

@@ -26,11 +26,14 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from cortex_worker.app import POOLS
-from cortex_worker.store import JOBS_INDEX, job_keys
+from cortex_worker.keys import (
+    JOBS_INDEX,
+    METRIC_COUNTERS,
+    METRIC_DISPATCH,
+    METRIC_DURATION,
+    job_keys,
+)
 
-COUNTERS = "cx:metrics"
-DISPATCH = "cx:metrics:hist:dispatch"
-DURATION = "cx:metrics:hist:duration"
 #: `cortex_jobs{status}` counts the newest jobs of the index, at most this many.
 JOB_SCAN_LIMIT = 10_000
 JOB_STATUSES = ("queued", "running", "finishing", "completed", "failed", "cancelled")
@@ -94,9 +97,9 @@ class CortexCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(COUNTERS)
-        pipe.hgetall(DISPATCH)
-        pipe.hgetall(DURATION)
+        pipe.hgetall(METRIC_COUNTERS)
+        pipe.hgetall(METRIC_DISPATCH)
+        pipe.hgetall(METRIC_DURATION)
         pipe.zrevrange(JOBS_INDEX, 0, self.job_scan_limit - 1)
         counters, dispatch, duration, job_ids = pipe.execute()
         counters, dispatch, duration = (_text(counters), _text(dispatch), _text(duration))
@@ -127,7 +130,7 @@ class CortexCollector(Collector):
         if job_ids:
             pipe = self.redis.pipeline(transaction=False)
             for job_id in job_ids:
-                pipe.hget(job_keys(_str(job_id))[0], "status")
+                pipe.hget(job_keys(_str(job_id)).job, "status")
             for status in pipe.execute():
                 if status is not None:  # expired jobs stay in the index
                     statuses[_str(status)] = statuses.get(_str(status), 0) + 1

@@ -18,32 +18,18 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-# Job keys, in the order the scripts expect them (KEYS[1..16]; the conversation is Python's).
-_SUFFIXES = ("job", "spec", "status", "result", "pending", "poison", "deps", "vars", "lease",
-             "wait", "seq", "events", "onerr", "attempts", "await", "inbox", "conversation")
+from cortex_worker.keys import (
+    DEFAULT_TTL_S,
+    JOBS_INDEX,
+    SCRIPT_KEYS,
+    job_keys,
+    session_key,
+    tenant_index,
+)
+from cortex_worker.record import DEFAULT_TENANT, JobRecord, encode
+
 TERMINAL = frozenset({"ok", "error", "timeout", "skipped", "cancelled"})
-JOB_TERMINAL = frozenset({"completed", "failed", "cancelled"})
-JOBS_INDEX = "cx:jobs"
-#: Pub/sub channel on which `close` publishes the id of every job that ends.
-ENDED_CHANNEL = "cx:ended"
 RECONNECT_RETRIES = 40  # with a 1 s backoff cap: about 35 s without Redis
-#: The tenant of jobs and sessions created without API keys configured.
-DEFAULT_TENANT = "default"
-
-
-def tenant_index(tenant: str) -> str:
-    """The per-tenant job index (the global `JOBS_INDEX` holds every job)."""
-    return f"{JOBS_INDEX}:{tenant}"
-
-
-def job_keys(job_id: str) -> list[str]:
-    """The Redis keys of one job; the `{job_id}` hash tag keeps them on one shard."""
-    return [f"cx:{{{job_id}}}:{suffix}" for suffix in _SUFFIXES]
-
-
-def channel(job_id: str) -> str:
-    """The pub/sub channel a job's events are published on."""
-    return f"cx:ev:{job_id}"
 
 
 @cache
@@ -91,19 +77,22 @@ class Store:
 
     def _run(self, name: str, job_id: str, *args: Any) -> Any:
         argv = [job_id, repr(time.time()), *args]
-        return self._scripts[name](keys=job_keys(job_id)[:16], args=argv)
+        return self._scripts[name](keys=job_keys(job_id)[:SCRIPT_KEYS], args=argv)
+
+    def _ttl(self, job_id: str) -> int:
+        """The job's retention: its other keys expire with its record."""
+        return int(self.redis.hget(job_keys(job_id).job, "ttl") or DEFAULT_TTL_S)
 
     # -- jobs -----------------------------------------------------------------------------
     def create_job(self, job_id: str, fields: dict[str, Any], ttl: int,
                    events: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
         """Create the job hash, index it, and append its first events."""
-        key = job_keys(job_id)[0]
+        key = job_keys(job_id).job
         now = time.time()
         pipe = self.redis.pipeline()
-        pipe.hset(key, mapping={"id": job_id, "status": "queued", "created_at": repr(now),
-                                "ttl": str(ttl), "remaining": 0, "running": 0, "failures": 0,
-                                **{k: v if isinstance(v, str) else dumps(v)
-                                   for k, v in fields.items()}})
+        pipe.hset(key, mapping=encode({"id": job_id, "status": "queued", "created_at": now,
+                                       "ttl": ttl, "remaining": 0, "running": 0, "failures": 0,
+                                       **fields}))
         pipe.expire(key, ttl)
         pipe.zadd(JOBS_INDEX, {job_id: now})
         if fields.get("tenant"):
@@ -113,12 +102,27 @@ class Store:
             self.emit(job_id, events)
 
     def set_job(self, job_id: str, **fields: Any) -> None:
-        self.redis.hset(job_keys(job_id)[0], mapping={
-            k: v if isinstance(v, str) else dumps(v) for k, v in fields.items()})
+        """Change fields of the job record (typed as in `JobRecord`)."""
+        self.redis.hset(job_keys(job_id).job, mapping=encode(fields))
 
-    def get_job(self, job_id: str) -> dict[str, str] | None:
-        data = self.redis.hgetall(job_keys(job_id)[0])
-        return data or None
+    def get_job(self, job_id: str) -> JobRecord | None:
+        data = self.redis.hgetall(job_keys(job_id).job)
+        return JobRecord.from_hash(data) if data else None
+
+    def peek(self, job_id: str, *fields: str) -> JobRecord | None:
+        """Only some fields of the job record (the others keep their defaults); None if the
+        job does not exist. Cheap: a document job's record holds the whole document."""
+        return self.peek_many([job_id], *fields)[0]
+
+    def peek_many(self, job_ids: Sequence[str], *fields: str) -> list[JobRecord | None]:
+        """`peek` for several jobs, in one round trip."""
+        names = ["id", *fields]
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(job_keys(job_id).job, names)
+        return [JobRecord.from_hash({k: v for k, v in zip(names, values, strict=True)
+                                     if v is not None}) if values[0] is not None else None
+                for values in pipe.execute()]
 
     def list_jobs(self, limit: int = 50, offset: int = 0, tenant: str | None = None) -> list[str]:
         """Job ids, newest first: every job, or (`tenant`) only that tenant's."""
@@ -129,10 +133,10 @@ class Store:
         """Every action of the job: its spec, status and result record."""
         keys = job_keys(job_id)
         pipe = self.redis.pipeline()
-        pipe.hgetall(keys[1])
-        pipe.hgetall(keys[2])
-        pipe.hgetall(keys[3])
-        pipe.hgetall(keys[13])
+        pipe.hgetall(keys.spec)
+        pipe.hgetall(keys.status)
+        pipe.hgetall(keys.result)
+        pipe.hgetall(keys.attempts)
         specs, statuses, results, attempts = pipe.execute()
         out: dict[str, dict[str, Any]] = {}
         for action_id, spec in specs.items():
@@ -145,38 +149,75 @@ class Store:
         return out
 
     def add_child(self, job_id: str, child_id: str) -> None:
-        key = f"cx:{{{job_id}}}:children"
-        ttl = int(self.redis.hget(job_keys(job_id)[0], "ttl") or 604800)
+        key = job_keys(job_id).children
         pipe = self.redis.pipeline()
         pipe.sadd(key, child_id)
-        pipe.expire(key, ttl)
+        pipe.expire(key, self._ttl(job_id))
         pipe.execute()
 
     def children(self, job_id: str) -> set[str]:
-        return self.redis.smembers(f"cx:{{{job_id}}}:children")
+        return self.redis.smembers(job_keys(job_id).children)
+
+    def action_statuses(self, job_id: str) -> dict[str, str]:
+        """Action id -> status, for every registered action."""
+        return self.redis.hgetall(job_keys(job_id).status)
+
+    def action_status(self, job_id: str, action_id: str) -> str | None:
+        return self.redis.hget(job_keys(job_id).status, action_id)
 
     def ids_with_status(self, job_id: str, status: str) -> set[str]:
-        return {a for a, st in self.redis.hgetall(job_keys(job_id)[2]).items() if st == status}
+        return {a for a, st in self.action_statuses(job_id).items() if st == status}
 
     def spec(self, job_id: str, action_id: str) -> dict[str, Any] | None:
-        raw = self.redis.hget(job_keys(job_id)[1], action_id)
+        raw = self.redis.hget(job_keys(job_id).spec, action_id)
         return json.loads(raw) if raw else None
 
     def variables(self, job_id: str, names: Iterable[str]) -> dict[str, Any]:
         names = list(names)
         if not names:
             return {}
-        values = self.redis.hmget(job_keys(job_id)[7], names)
+        values = self.redis.hmget(job_keys(job_id).vars, names)
         return {n: json.loads(v) for n, v in zip(names, values, strict=True) if v is not None}
+
+    def variable_names(self, job_id: str) -> list[str]:
+        return sorted(self.redis.hkeys(job_keys(job_id).vars))
 
     def set_variables(self, job_id: str, values: dict[str, Any]) -> None:
         if values:
-            self.redis.hset(job_keys(job_id)[7], mapping={k: dumps(v) for k, v in values.items()})
+            self.redis.hset(job_keys(job_id).vars, mapping={k: dumps(v) for k, v in values.items()})
+
+    def delete_variable(self, job_id: str, name: str) -> bool:
+        """Forget a variable; False if it was not set."""
+        return bool(self.redis.hdel(job_keys(job_id).vars, name))
+
+    # -- context feeds ----------------------------------------------------------------------
+    def feed_changes(self, job_id: str) -> dict[str, dict[str, Any]]:
+        """The job's run-time feed changes, by feed id (see `feeds.save_feed`)."""
+        return {k: json.loads(v) for k, v in self.redis.hgetall(job_keys(job_id).feeds).items()}
+
+    def feed_change(self, job_id: str, feed_id: str) -> dict[str, Any] | None:
+        raw = self.redis.hget(job_keys(job_id).feeds, feed_id)
+        return json.loads(raw) if raw else None
+
+    def set_feed_change(self, job_id: str, feed_id: str, change: dict[str, Any]) -> None:
+        key = job_keys(job_id).feeds
+        pipe = self.redis.pipeline()
+        pipe.hset(key, feed_id, dumps(change))
+        pipe.expire(key, self._ttl(job_id))
+        pipe.execute()
+
+    def cached(self, key: str) -> Any:
+        """A value of the shared cache (`keys.feed_cache_key`), or None."""
+        raw = self.redis.get(key)
+        return None if raw is None else json.loads(raw)
+
+    def cache(self, key: str, value: Any, ttl_s: float) -> None:
+        self.redis.set(key, dumps(value), px=max(1, round(ttl_s * 1000)))
 
     # -- sessions -------------------------------------------------------------------------
     def create_session(self, session_id: str, agent: str, options: dict[str, Any], ttl: int,
                        tenant: str = DEFAULT_TENANT) -> None:
-        key = f"cx:session:{session_id}"
+        key = session_key(session_id)
         pipe = self.redis.pipeline()
         pipe.hset(key, mapping={"id": session_id, "agent": agent, "created_at": repr(time.time()),
                                 "options": dumps(options), "ttl": str(ttl), "tenant": tenant})
@@ -184,7 +225,7 @@ class Store:
         pipe.execute()
 
     def get_session(self, session_id: str) -> dict[str, Any] | None:
-        key = f"cx:session:{session_id}"
+        key = session_key(session_id)
         pipe = self.redis.pipeline()
         pipe.hgetall(key)
         pipe.lrange(f"{key}:messages", 0, -1)
@@ -196,8 +237,8 @@ class Store:
 
     def append_session(self, session_id: str, message: dict[str, Any] | None = None,
                        job_id: str | None = None) -> None:
-        key = f"cx:session:{session_id}"
-        ttl = int(self.redis.hget(key, "ttl") or 604800)
+        key = session_key(session_id)
+        ttl = int(self.redis.hget(key, "ttl") or DEFAULT_TTL_S)
         pipe = self.redis.pipeline()
         if message is not None:
             pipe.rpush(f"{key}:messages", dumps(message))
@@ -217,7 +258,7 @@ class Store:
 
     def events_after(self, job_id: str, after: int = 0, count: int | None = None) -> list[dict[str, Any]]:
         """Events with seq > `after`, in order."""
-        entries = self.redis.xrange(job_keys(job_id)[11], min=f"{after + 1}-0", count=count)
+        entries = self.redis.xrange(job_keys(job_id).events, min=f"{after + 1}-0", count=count)
         return [json.loads(fields["e"]) for _, fields in entries]
 
     # -- actions --------------------------------------------------------------------------
@@ -265,19 +306,26 @@ class Store:
         """Result records of the given actions (those recorded)."""
         if not action_ids:
             return {}
-        values = self.redis.hmget(job_keys(job_id)[3], list(action_ids))
+        values = self.redis.hmget(job_keys(job_id).result, list(action_ids))
         return {a: json.loads(v) for a, v in zip(action_ids, values, strict=True) if v is not None}
 
     def conversation(self, job_id: str) -> list[dict[str, Any]]:
-        return [json.loads(m) for m in self.redis.lrange(job_keys(job_id)[16], 0, -1)]
+        return [json.loads(m) for m in self.redis.lrange(job_keys(job_id).conversation, 0, -1)]
 
     def append_conversation(self, job_id: str, *messages: dict[str, Any]) -> None:
-        key = job_keys(job_id)[16]
-        ttl = int(self.redis.hget(job_keys(job_id)[0], "ttl") or 604800)
+        key = job_keys(job_id).conversation
         pipe = self.redis.pipeline()
         pipe.rpush(key, *[dumps(m) for m in messages])
-        pipe.expire(key, ttl)
+        pipe.expire(key, self._ttl(job_id))
         pipe.execute()
+
+    def clear_conversation(self, job_id: str) -> int:
+        """Forget an agent's conversation; returns how many messages it held."""
+        key = job_keys(job_id).conversation
+        pipe = self.redis.pipeline()
+        pipe.llen(key)
+        pipe.delete(key)
+        return int(pipe.execute()[0])
 
     def retry(self, job_id: str, action_id: str, data: dict[str, Any]) -> bool:
         return bool(self._run("retry", job_id, action_id, dumps(data)))
@@ -286,7 +334,5 @@ class Store:
               events: Sequence[tuple[str, dict[str, Any]]] = (), *, only_if: str = "") -> list[str] | None:
         """End the job with `status`; unfinished actions are cancelled. None if it had ended."""
         args = _event_args(events)
-        out = self._run("close", job_id, status, dumps({k: v if isinstance(v, str) else dumps(v)
-                                                         for k, v in (fields or {}).items()}),
-                        only_if, *args)
+        out = self._run("close", job_id, status, dumps(encode(fields or {})), only_if, *args)
         return None if out is None else list(out)

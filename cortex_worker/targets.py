@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cortex_worker.actions.call import Call, Deferred
-from cortex_worker.jobs import submit_agent
+from cortex_worker.actions.call import Call, ChildJob, Deferred
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.gateway import complete
-from cortex_worker.runtime import get_registry, get_store
+from cortex_worker.runtime import get_registry
 from cortex_worker.store import dumps
 from cortex_worker.tools.context import ToolContext, workspace_for
 from cortex_worker.tools.errors import ToolError
@@ -49,10 +48,8 @@ def run_llm_action(call: Call) -> Any:
 
 
 def run_agent_action(call: Call) -> Any:
-    """Start the child agent job; it completes this action when it ends."""
+    """Ask for the child agent job; it completes this action when it ends."""
     params = call.params
     text = params["input"] if isinstance(params, dict) and isinstance(params.get("input"), str) \
         else dumps(params)
-    submit_agent(get_store(), call.spec["name"], text, parent=(call.job_id, call.action_id),
-                 depth=int(call.spec.get("depth") or 0) + 1)
-    raise Deferred
+    raise Deferred(ChildJob("agent", call.spec["name"], text))

@@ -21,7 +21,7 @@ def _init_process(**_: Any) -> None:
 @app.task(name="cortex.start_job", ignore_result=True)
 def start_job(job_id: str) -> None:
     """Start a document job: log its parse and dispatch its first actions."""
-    jobs.start_document(get_store(), job_id)
+    jobs.start_job(get_store(), job_id)
 
 
 @app.task(name="cortex.action", ignore_result=True)

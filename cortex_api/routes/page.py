@@ -17,7 +17,6 @@ from fastapi.responses import HTMLResponse, Response
 from cortex_api.auth import StreamCallerDep
 from cortex_api.deps import StoreDep
 from cortex_worker.runtime import get_registry
-from cortex_worker.store import job_keys
 
 log = logging.getLogger("cortex.api.page")
 
@@ -50,8 +49,8 @@ def job_page(job_id: str, store: StoreDep, caller: StreamCallerDep) -> HTMLRespo
     """One job, live: header, thoughts and responses, the action DAG and a timeline.
 
     Another tenant's job is "not found", like a job that does not exist."""
-    tenant = store.redis.hget(job_keys(job_id)[0], "tenant")
-    if not store.redis.exists(job_keys(job_id)[0]) or not caller.owns(tenant):
+    job = store.peek(job_id, "tenant")
+    if job is None or not caller.owns(job.tenant):
         return HTMLResponse(_not_found(job_id), status_code=404)
     text = _asset("job.html")
     config = _json_for_script({"job_id": job_id, "docker_tools": _docker_tools()})

@@ -4,13 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from cortex_worker.settings import Settings
 
 
+@dataclass(frozen=True, slots=True)
+class ChildJob:
+    """A child job an action asks for: the executor starts it (`jobs.submit_child`), and its
+    end records the action's outcome."""
+
+    kind: Literal["agent", "workflow"]
+    name: str
+    input: Any
+
+
 class Deferred(Exception):
-    """The action goes on elsewhere (a child job); its outcome is recorded when that ends."""
+    """The action goes on in a child job (`child`); its outcome is recorded when that ends."""
+
+    def __init__(self, child: ChildJob) -> None:
+        super().__init__(f"{child.kind} {child.name!r}")
+        self.child = child
 
 
 @dataclass(frozen=True, slots=True)

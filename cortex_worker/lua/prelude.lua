@@ -1,5 +1,5 @@
 -- Cortex job state scripts. Every script is loaded with this prelude; KEYS are the job's keys
--- (see store.py: JOB_KEYS), ARGV[1] is the job id, ARGV[2] the clock (seconds, float).
+-- (see keys.py: JobKeys), ARGV[1] is the job id, ARGV[2] the clock (seconds, float).
 -- All of a job's keys share the hash tag {job_id}, so a job lives on one Redis shard.
 
 local K_JOB, K_SPEC, K_STATUS, K_RESULT, K_PENDING, K_POISON, K_DEPS, K_VARS, K_LEASE,
@@ -7,7 +7,7 @@ local K_JOB, K_SPEC, K_STATUS, K_RESULT, K_PENDING, K_POISON, K_DEPS, K_VARS, K_
 local JOB, NOW = ARGV[1], ARGV[2]
 local TERMINAL = {ok = true, error = true, timeout = true, skipped = true, cancelled = true}
 local JOB_TERMINAL = {completed = true, failed = true, cancelled = true}
-local ENDED_CHANNEL = 'cx:ended'  -- store.ENDED_CHANNEL: the id of every job that ends
+local ENDED_CHANNEL = 'cx:ended'  -- keys.ENDED_CHANNEL: the id of every job that ends
 
 -- Whether the job is gone or has ended: nothing new may be registered, started or logged for it.
 local function job_ended()

@@ -23,9 +23,9 @@ from typing import Any
 
 import redis
 
+from cortex_worker.keys import RELIC_KV_PREFIX
 from cortex_worker.tools.errors import ToolError, ToolTimeout
 
-KV_PREFIX = "cx:relic:kv"
 MAX_VALUE_BYTES = 1024 * 1024
 SCAN_COUNT = 500
 SQL_BUSY_TIMEOUT_S = 5.0
@@ -37,7 +37,7 @@ _GLOB = re.compile(r"([*?\[\]\\])")
 
 
 def kv_key(namespace: str, key: str) -> str:
-    return f"{KV_PREFIX}:{namespace}:{key}"
+    return f"{RELIC_KV_PREFIX}:{namespace}:{key}"
 
 
 def _glob_escape(text: str) -> str:

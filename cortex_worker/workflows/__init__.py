@@ -2,7 +2,7 @@
 
 `spec` holds the manifest model and its load-time checks, `output` renders a run's result,
 `runner` runs `type="workflow"` actions as child jobs. Submitting and finishing a run live with
-the other jobs in `cortex_worker.jobs` (`submit_workflow`, `start_document`, `finalize`).
+the other jobs in `cortex_worker.jobs`; what differs is `kinds.WorkflowKind`.
 """
 
 from cortex_worker.workflows.output import failure_message, output_names, render_output

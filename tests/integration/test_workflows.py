@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 
-from cortex_worker.store import job_keys
+from cortex_worker.keys import job_keys
 from tests import harness
 from tests.integration.test_documents import action, follow, of, one
 
@@ -93,7 +93,7 @@ def test_diamond_runs_from_post(api: Any, redis_client: redis.Redis, canvas: boo
     assert job["status"] == "completed" and job["kind"] == "workflow"
     assert json.loads(job["result"]) == DIAMOND_X3
     assert [a["id"] for a in job["actions"]] == ["double", "plus_one", "copy", "join"]
-    dispatch = redis_client.hget(job_keys(job_id)[0], "dispatch")
+    dispatch = redis_client.hget(job_keys(job_id).job, "dispatch")
     assert dispatch == ("canvas" if canvas else "readiness")
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from cortex_worker.store import job_keys
+from cortex_worker.keys import job_keys
 
 JOBS = 1000
 SUBMITTERS = 50
@@ -85,7 +85,7 @@ def test_a_thousand_jobs_at_once_with_200_sse_clients(load_stack: Any) -> None:
         while pending:
             pipe = client.pipeline(transaction=False)
             for job_id in pending:
-                pipe.hget(job_keys(job_id)[0], "status")
+                pipe.hget(job_keys(job_id).job, "status")
             for job_id, status in zip(pending, pipe.execute(), strict=True):
                 statuses[job_id] = status
             pending = [j for j in pending if statuses[j] not in TERMINAL]

@@ -25,7 +25,7 @@ from cortex_api.sse import (
     sse_comment,
     sse_message,
 )
-from cortex_worker.store import channel
+from cortex_worker.keys import channel
 
 pytestmark = pytest.mark.unit
 

@@ -23,6 +23,7 @@ from cortex_worker.manifests import (
 )
 from cortex_worker.plan.canvas import decompose, to_canvas
 from cortex_worker.protocol.document import load_document
+from cortex_worker.record import JobRecord, encode
 from cortex_worker.settings import Settings
 from cortex_worker.workflows import (
     WorkflowSpec,
@@ -483,20 +484,20 @@ class FakeStore:
     PARENTS = frozenset({"p"})
 
     def __init__(self) -> None:
-        self.jobs: dict[str, dict[str, Any]] = {}
+        self.jobs: dict[str, JobRecord] = {}
         self.variables: dict[str, dict[str, Any]] = {}
         self.children: dict[str, set[str]] = {}
         self.events: list[tuple[str, str, dict[str, Any]]] = []
 
-    def get_job(self, job_id: str) -> dict[str, Any] | None:
+    def peek(self, job_id: str, *fields: str) -> JobRecord | None:
         if job_id in self.PARENTS:
-            return {"id": job_id, "status": "running"}
+            return JobRecord(id=job_id, status="running")
         return self.jobs.get(job_id)
 
     def create_job(self, job_id: str, fields: dict[str, Any], ttl: int,
                    events: list[tuple[str, dict[str, Any]]]) -> None:
         assert job_id not in self.jobs, "created twice"
-        self.jobs[job_id] = {"id": job_id, "status": "queued", **fields}
+        self.jobs[job_id] = JobRecord.from_hash(encode({"id": job_id, "status": "queued", **fields}))
         self.emit(job_id, events)
 
     def set_variables(self, job_id: str, values: dict[str, Any]) -> None:
@@ -519,12 +520,12 @@ def test_a_child_run_is_created_once(test_registry: Any, monkeypatch: pytest.Mon
     assert first == again and list(store.jobs) == [first] and store.children == {"p": {first}}
     assert started == [first, first]  # still queued: its start is sent again (harmless)
     job = store.jobs[first]
-    assert (job["kind"], job["workflow"], job["parent_job"], job["parent_action"], job["depth"]) \
-        == ("workflow", "diamond", "p", "wf", "1")
-    assert [a["id"] for a in job["actions"]] == ["double", "plus_one", "copy", "join"]
-    assert job["output"] == {"template": test_registry.workflow("diamond").output, "default": "join"}
+    assert (job.kind, job.workflow, job.parent_job, job.parent_action, job.depth) \
+        == ("workflow", "diamond", "p", "wf", 1)
+    assert [a["id"] for a in job.actions] == ["double", "plus_one", "copy", "join"]
+    assert job.output == {"template": test_registry.workflow("diamond").output, "default": "join"}
     assert store.variables[first] == {"inputs": {"x": 2, "label": "sum"}}
-    store.jobs[first]["status"] = "running"
+    store.jobs[first] = job.model_copy(update={"status": "running"})
     assert jobs.submit_workflow(store, "diamond", {"x": 2}, parent=("p", "wf")) == first  # type: ignore[arg-type]
     assert started == [first, first]
     other = jobs.submit_workflow(store, "diamond", {"x": 2}, parent=("p", "wf2"))  # type: ignore[arg-type]

@@ -1,0 +1,79 @@
+"""Every Redis key and channel Cortex uses, named in one place.
+
+A job's keys share the hash tag `{job_id}`, so a job lives on one Redis shard. The Lua scripts
+take the first `SCRIPT_KEYS` of `JobKeys` in this order (see lua/prelude.lua).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+PREFIX = "cx"
+#: Every job id, scored by creation time (the per-tenant indexes: `tenant_index`).
+JOBS_INDEX = f"{PREFIX}:jobs"
+#: Pub/sub channel on which the `close` script publishes the id of every job that ends.
+ENDED_CHANNEL = f"{PREFIX}:ended"
+#: Global metric counters and histograms (written by the scripts, read by `metrics`).
+METRIC_COUNTERS = f"{PREFIX}:metrics"
+METRIC_DISPATCH = f"{PREFIX}:metrics:hist:dispatch"
+METRIC_DURATION = f"{PREFIX}:metrics:hist:duration"
+#: The built-in key-value relic's keys start with this.
+RELIC_KV_PREFIX = f"{PREFIX}:relic:kv"
+#: How long a job's keys live when its record does not say (7 days).
+DEFAULT_TTL_S = 604800
+#: How many of `JobKeys` the scripts take (KEYS[1..16]).
+SCRIPT_KEYS = 16
+
+
+class JobKeys(NamedTuple):
+    """The keys of one job (the first `SCRIPT_KEYS`, in this order, are the scripts' KEYS)."""
+
+    job: str  # hash: the job record (see record.JobRecord)
+    spec: str  # hash: action id -> spec JSON
+    status: str  # hash: action id -> status
+    result: str  # hash: action id -> result record JSON
+    pending: str  # hash: action id -> unfinished dependency count
+    poison: str  # hash: action id -> failed dependency, if one did
+    deps: str  # hash: action id -> dependents JSON
+    vars: str  # hash: variable name -> value JSON
+    lease: str  # hash: action id -> owner and lease
+    wait: str  # list: ready actions waiting for a free slot (max_parallel)
+    seq: str  # counter: the last event's seq
+    events: str  # stream: the event log
+    onerr: str  # hash: action id -> on_error
+    attempts: str  # hash: action id -> attempts started
+    awaiting: str  # hash: actions the current turn waits for
+    inbox: str  # list: actions finished since the turn began
+    conversation: str  # list: an agent's messages (Python only)
+    children: str  # set: child job ids
+    feeds: str  # hash: feed id -> run-time feed change
+    # (the scripts also keep `cx:{job_id}:tm`, each action's metric timings; see prelude.lua)
+
+
+_SUFFIXES = {"awaiting": "await"}  # a field named as the key is, where that is a keyword
+
+
+def job_keys(job_id: str) -> JobKeys:
+    """The Redis keys of one job."""
+    return JobKeys(*(f"{PREFIX}:{{{job_id}}}:{_SUFFIXES.get(field, field)}"
+                     for field in JobKeys._fields))
+
+
+def tenant_index(tenant: str) -> str:
+    """The per-tenant job index (`JOBS_INDEX` holds every job)."""
+    return f"{JOBS_INDEX}:{tenant}"
+
+
+def channel(job_id: str) -> str:
+    """The pub/sub channel a job's events are published on."""
+    return f"{PREFIX}:ev:{job_id}"
+
+
+def session_key(session_id: str) -> str:
+    """A session's hash; its messages and jobs are lists at `:messages` and `:jobs`."""
+    return f"{PREFIX}:session:{session_id}"
+
+
+def feed_cache_key(tenant: str, owner: str, feed_id: str, digest: str) -> str:
+    """A feed value shared by the jobs of one tenant and agent (`owner`) while fresh."""
+    return f"{PREFIX}:feedcache:{tenant}:{owner}:{feed_id}:{digest}"
