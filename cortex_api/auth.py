@@ -24,13 +24,14 @@ import yaml
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import APIKeyHeader, APIKeyQuery, HTTPAuthorizationCredentials, HTTPBearer
 
+from cortex_worker.errors import CortexError
+from cortex_worker.record import DEFAULT_TENANT
 from cortex_worker.settings import Settings, hashed_key_entries
-from cortex_worker.store import DEFAULT_TENANT
 
 QUERY_PARAM = "api_key"
 
 
-class AuthConfigError(ValueError):
+class AuthConfigError(CortexError, ValueError):
     """Keys that cannot be loaded, or a binding that would expose an API without keys."""
 
 

@@ -19,21 +19,21 @@ from pydantic import ValidationError
 
 from cortex_worker import dispatch
 from cortex_worker.agents.spec import FeedSpec
+from cortex_worker.errors import CortexError
 from cortex_worker.jobs import cancel_job, submit_workflow
+from cortex_worker.keys import feed_cache_key
+from cortex_worker.kinds import KINDS
 from cortex_worker.options import JobOptions
-from cortex_worker.runtime import get_registry
-from cortex_worker.store import JOB_TERMINAL, Store, dumps, job_keys
+from cortex_worker.record import JobRecord
+from cortex_worker.runtime import get_job_ends, get_registry
+from cortex_worker.store import Store, dumps
 
 CHARS_PER_TOKEN = 4
 SOURCE_TIMEOUT_S = 30.0
 
 
-class FeedError(ValueError):
+class FeedError(CortexError, ValueError):
     """A feed that cannot be added, changed or computed; the message says why."""
-
-
-def _key(job_id: str) -> str:
-    return f"cx:{{{job_id}}}:feeds"
 
 
 # -- the feeds of a job ---------------------------------------------------------------------
@@ -43,8 +43,7 @@ def job_feeds(store: Store, job_id: str, agent: str | None) -> dict[str, FeedSpe
     if agent:
         spec = get_registry().agents.get(agent)
         feeds = {f.id: f for f in spec.context_feeds} if spec else {}
-    for feed_id, raw in store.redis.hgetall(_key(job_id)).items():
-        data = json.loads(raw)
+    for feed_id, data in store.feed_changes(job_id).items():
         if data.get("removed"):
             feeds.pop(feed_id, None)
         else:
@@ -53,8 +52,8 @@ def job_feeds(store: Store, job_id: str, agent: str | None) -> dict[str, FeedSpe
 
 
 def feed_generation(store: Store, job_id: str, feed_id: str) -> int:
-    raw = store.redis.hget(_key(job_id), feed_id)
-    return int(json.loads(raw).get("gen", 0)) if raw else 0
+    change = store.feed_change(job_id, feed_id)
+    return int(change.get("gen", 0)) if change else 0
 
 
 def save_feed(store: Store, job_id: str, spec: FeedSpec | None, feed_id: str) -> int:
@@ -62,11 +61,7 @@ def save_feed(store: Store, job_id: str, spec: FeedSpec | None, feed_id: str) ->
     gen = feed_generation(store, job_id, feed_id) + 1
     value = {"removed": True, "gen": gen} if spec is None else \
         {"spec": spec.model_dump(mode="json"), "gen": gen}
-    ttl = int(store.redis.hget(job_keys(job_id)[0], "ttl") or 604800)
-    pipe = store.redis.pipeline()
-    pipe.hset(_key(job_id), feed_id, dumps(value))
-    pipe.expire(_key(job_id), ttl)
-    pipe.execute()
+    store.set_feed_change(job_id, feed_id, value)
     return gen
 
 
@@ -86,9 +81,9 @@ def compute(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> Any
     become values."""
     cache = _cache_key(store, job_id, agent, feed) if feed.cache_ttl else ""
     if cache:
-        cached = store.redis.get(cache)
+        cached = store.cached(cache)
         if cached is not None:
-            return json.loads(cached)
+            return cached
     try:
         value = _source(store, job_id, agent, feed)
     except Exception as exc:  # a failing source must not stop the job
@@ -97,17 +92,17 @@ def compute(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> Any
         return {"error": f"context feed {feed.id!r} failed: {exc}"}
     value = truncate(value, feed.max_tokens)
     if cache:
-        store.redis.set(cache, dumps(value), px=max(1, round(feed.cache_ttl * 1000)))
+        store.cache(cache, value, feed.cache_ttl)
     return value
 
 
 def _cache_key(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> str:
     """Jobs share a cached value when they have the same tenant and agent, and the feed the
     same id, source and size limit."""
-    tenant = (store.get_job(job_id) or {}).get("tenant") or ""
+    tenant = (store.peek(job_id, "tenant") or JobRecord(id=job_id)).tenant
     what = dumps([feed.source.model_dump(mode="json"), feed.max_tokens])
     digest = hashlib.sha256(what.encode()).hexdigest()[:16]
-    return f"cx:feedcache:{tenant}:{agent or 'documents'}:{feed.id}:{digest}"
+    return feed_cache_key(tenant, agent or "documents", feed.id, digest)
 
 
 def truncate(value: Any, max_tokens: int | None) -> Any:
@@ -139,62 +134,62 @@ def _source(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> Any
     spec = {"id": f"feed:{feed.id}", "type": source.type, "name": source.name,
             "parameters": source.params, "agent": agent, "depth": 0}
     if source.type == "llm":
-        spec["model"] = _model(store, job_id, agent)
+        spec["model"] = _model(store, job_id)
     if source.type == "workflow":
         return _run_workflow(store, job_id, source.name, source.params)
     return dispatch.invoke(spec, timeout=SOURCE_TIMEOUT_S, job_id=job_id)
 
 
-def _model(store: Store, job_id: str, agent: str | None) -> dict[str, Any]:
-    """The model of the job's llm actions: a document's or workflow's own, else the agent's
-    with the job option `model` applied."""
-    job = store.get_job(job_id) or {}
-    if job.get("model"):
-        return json.loads(job["model"])
-    spec = get_registry().agents.get(agent) if agent else None
-    if spec is None:
+def _model(store: Store, job_id: str) -> dict[str, Any]:
+    """The model of the job's llm actions (its kind's: see `JobKind.model`)."""
+    job = store.get_job(job_id)
+    model = KINDS[job.kind].model(job) if job else None
+    if model is None:
         raise FeedError("llm feeds need a model: an agent's, or CORTEX_DOCUMENT_MODEL in "
                         "documents")
-    options = json.loads(job.get("options") or "{}")
-    return spec.model.named(options.get("model")).model_dump(mode="json")
+    return model.model_dump(mode="json")
 
 
 def _internal(store: Store, job_id: str, name: str) -> Any:
     if name == "clock":
         return datetime.now(UTC).isoformat(timespec="seconds")
     if name == "job_stats":
-        job = store.get_job(job_id) or {}
+        job = store.peek(job_id, "turn", "started_at", "created_at") or JobRecord(id=job_id)
         counts: dict[str, int] = {}
-        for status in store.redis.hvals(job_keys(job_id)[2]):
+        for status in store.action_statuses(job_id).values():
             counts[status] = counts.get(status, 0) + 1
-        started = float(job.get("started_at") or job.get("created_at") or time.time())
-        return {"actions": counts, "turn": int(job.get("turn") or 0),
+        started = job.begun_at or time.time()
+        return {"actions": counts, "turn": job.turn,
                 "elapsed_s": round(time.time() - started, 3)}
     if name == "variables":
-        return sorted(store.redis.hkeys(job_keys(job_id)[7]))
+        return store.variable_names(job_id)
     raise FeedError(f"unknown internal feed source {name!r} (clock, job_stats or variables)")
 
 
 def _run_workflow(store: Store, job_id: str, name: str, inputs: dict[str, Any]) -> Any:
-    """Run the workflow as a job of the same tenant and wait for its output; it is cancelled
-    if it outlives SOURCE_TIMEOUT_S or the job that wants it ends first."""
-    tenant = (store.get_job(job_id) or {}).get("tenant")
+    """Run the workflow as a job of the same tenant and wait for its output (woken by its
+    end); it is cancelled if it outlives SOURCE_TIMEOUT_S or the job that wants it ends first."""
+    tenant = (store.peek(job_id, "tenant") or JobRecord(id=job_id)).tenant
     child = submit_workflow(store, name, inputs, options=JobOptions(), tenant=tenant)
     deadline = time.monotonic() + SOURCE_TIMEOUT_S
-    while time.monotonic() < deadline:
-        job = store.get_job(child) or {}
-        if job.get("status") in JOB_TERMINAL:
-            if job["status"] != "completed":
-                raise FeedError(f"workflow {name!r} {job['status']}: {job.get('error')}")
-            result = job.get("result") or ""
-            try:
-                return json.loads(result)
-            except ValueError:
-                return result
-        if (store.get_job(job_id) or {}).get("status") in JOB_TERMINAL:
-            cancel_job(store, child, reason=f"job {job_id} that wanted this feed ended")
-            raise FeedError(f"job {job_id} ended before workflow {name!r} did")
-        time.sleep(0.05)
+    ends = get_job_ends()
+    with ends.watch(child) as child_ended:
+        while time.monotonic() < deadline:
+            job = store.peek(child, "status", "result", "error")
+            if job is not None and job.ended:
+                if job.status != "completed":
+                    raise FeedError(f"workflow {name!r} {job.status}: {job.error}")
+                try:
+                    return json.loads(job.result)
+                except ValueError:
+                    return job.result
+            wanter = store.peek(job_id, "status")
+            if wanter is None or wanter.ended:
+                cancel_job(store, child, reason=f"job {job_id} that wanted this feed ended")
+                raise FeedError(f"job {job_id} ended before workflow {name!r} did")
+            # woken by the child's end; the wanting job's end (and an end that pub/sub missed
+            # while reconnecting) is seen within a second
+            child_ended.wait(min(1.0, max(0.0, deadline - time.monotonic())))
     cancel_job(store, child, reason=f"a context feed waited {SOURCE_TIMEOUT_S:g} s for it")
     raise FeedError(f"workflow {name!r} did not finish within {SOURCE_TIMEOUT_S:g} s")
 
@@ -218,16 +213,16 @@ def current_values(store: Store, job_id: str, agent: str | None) -> dict[str, An
 
 def refresh(store: Store, job_id: str, feed_id: str, generation: int) -> float | None:
     """One periodic refresh; returns the delay until the next one, or None to stop."""
-    job = store.get_job(job_id)
-    if job is None or job.get("status") in JOB_TERMINAL:
+    job = store.peek(job_id, "status", "agent")
+    if job is None or job.ended:
         return None
     if feed_generation(store, job_id, feed_id) != generation:
         return None  # removed or changed since: a newer schedule (if any) took over
-    feed = job_feeds(store, job_id, job.get("agent")).get(feed_id)
+    feed = job_feeds(store, job_id, job.agent).get(feed_id)
     if feed is None or feed.type != "periodic" or not feed.interval:
         return None
     if feed.enabled:
-        value = compute(store, job_id, job.get("agent"), feed)
+        value = compute(store, job_id, job.agent, feed)
         store.set_variables(job_id, {feed_id: value})
         store.emit(job_id, [("feed_updated", {"feed_id": feed_id, "value": value})])
     return feed.interval
