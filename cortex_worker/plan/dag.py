@@ -1,14 +1,14 @@
-"""The plan of a protocol document: its actions as a dependency graph (protocol.md §3–4).
+"""The plan of a protocol document: its actions as a dependency graph (protocol.md, the plan).
 
-`build_plan` turns the parsed actions of one document into a `Plan`:
+`build_plan` is the stream planner (`StreamPlanner.place`, stream.py, where every dependency
+rule is written) applied to each action in document order, plus what needs the whole document:
 
-- explicit `depends_on` ids, and implicit dependencies from `$references` in parameters to
-  another action's id or `output_key`, or to a variable made by an internal `set_variable` /
-  `add_context_feed` action, become each node's `depends_on`;
-- a `sync` action is a barrier: every later action waits for the nearest preceding sync (its
-  `after`); earlier syncs follow transitively;
-- duplicate ids, dependencies on unknown ids and cycles are errors; `$references` that name
-  nothing known are warnings (the text is left as written).
+- a later action whose id is already used is dropped (`duplicate_id`);
+- a `$reference` with no producer before it binds to the first producer after it (a stream
+  cannot: it has dispatched the action before the producer is written); one that names
+  nothing at all is a warning (the text is left as written);
+- an explicit dependency on an id that never appears is an error (`unknown_dependency`), and
+  so are cycles (`cycle`), self loops included.
 
 Every graph walk is iterative and linear in nodes + edges, so 10k-action plans are fine.
 A `Plan` is a snapshot: treat `nodes` as read-only (derived indexes are cached).
@@ -19,13 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from cortex_worker.protocol.actions import Action, ActionMode, ActionType
-from cortex_worker.protocol.variables import find_references
+from cortex_worker.plan.stream import Placement, StreamPlanner, produces
+from cortex_worker.protocol.actions import Action
 
 __all__ = ["Plan", "PlanIssue", "PlanNode", "build_plan"]
-
-# Internal actions that produce a variable, and the parameter that names it.
-_INTERNAL_PRODUCERS = {"set_variable": "name", "add_context_feed": "id"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,110 +199,63 @@ class Plan:
         return path, total[end]
 
 
-def _produced_by_internal(action: Action) -> str | None:
-    if action.type != ActionType.internal:
-        return None
-    key = _INTERNAL_PRODUCERS.get(action.name)
-    if key is None:
-        return None
-    value = action.parameters.get(key)
-    if isinstance(value, str) and value.strip():
-        return value.strip()
-    return None
-
-
 def build_plan(actions: Sequence[Action], known: Iterable[str] = ()) -> Plan:
     """Build the plan of a document's actions (in stream order).
 
     `known` names variables and ids that exist outside this document (context feeds, results
-    of earlier turns): references to them are not warned about, and an explicit `depends_on`
-    naming one is treated as already satisfied rather than as an unknown dependency.
+    of earlier turns): they count as produced before the first action, so references to them
+    are not warned about, and an explicit `depends_on` naming one is treated as already
+    satisfied rather than as an unknown dependency.
     """
-    known_names = frozenset(known)
+    planner = StreamPlanner(known=frozenset(known))
     errors: list[PlanIssue] = []
     warnings: list[PlanIssue] = []
-
-    kept: dict[str, Action] = {}
+    placed: dict[str, Placement] = {}
     for action in actions:
-        first = kept.get(action.id)
+        first = placed.get(action.id)
         if first is not None:
-            errors.append(
-                PlanIssue(
-                    "duplicate_id",
-                    f"action id '{action.id}' is already used by the action at line "
-                    f"{first.line}, column {first.column}; this later action was dropped — "
-                    "give every action a unique id",
-                    action.line,
-                    action.column,
-                    action.id,
-                )
-            )
+            errors.append(PlanIssue(
+                "duplicate_id",
+                f"action id '{action.id}' is already used by the action at line "
+                f"{first.action.line}, column {first.action.column}; this later action was "
+                "dropped — give every action a unique id",
+                action.line, action.column, action.id))
             continue
-        kept[action.id] = action
+        placed[action.id] = planner.place(action)
 
-    # name -> ids of the actions producing it (dicts as ordered sets, stream order).
-    producers: dict[str, dict[str, None]] = {}
-    internal_producers: dict[str, dict[str, None]] = {}
-    for action in kept.values():
-        producers.setdefault(action.id, {})[action.id] = None
-        if action.output_key:
-            producers.setdefault(action.output_key, {})[action.id] = None
-        variable = _produced_by_internal(action)
-        if variable is not None:
-            internal_producers.setdefault(variable, {})[action.id] = None
+    # A reference with no producer before it binds to the first producer after it, unless
+    # the action produces that name itself (a set_variable reading the value before its own).
+    forward: dict[str, dict[str, str]] = {}
+    following: dict[str, str] = {}  # name -> the first producer after the current action
+    for placement in reversed(placed.values()):
+        action_id, own = placement.action.id, produces(placement.action)
+        forward[action_id] = {n: following[n] for n in placement.unbound
+                              if n in following and n not in own}
+        for name in own:
+            following[name] = action_id
 
     nodes: dict[str, PlanNode] = {}
-    self_loops: set[str] = set()
-    last_sync: str | None = None
-    for action in kept.values():
-        deps: set[str] = set()
-        for dep in action.depends_on:
-            if dep == action.id:
-                self_loops.add(dep)
-                continue
-            deps.add(dep)
-            if dep not in kept and dep not in known_names:
-                errors.append(
-                    PlanIssue(
-                        "unknown_dependency",
-                        f"action '{action.id}' depends on '{dep}', which is not an action "
-                        "in this document",
-                        action.line,
-                        action.column,
-                        action.id,
-                    )
-                )
-        for name in sorted(find_references(action.parameters)):
-            found = False
-            for producer in producers.get(name, ()):
-                found = True
-                if producer == action.id:
-                    self_loops.add(producer)  # uses its own result: it can never run
-                else:
-                    deps.add(producer)
-            for producer in internal_producers.get(name, ()):
-                # An internal action reading the variable it sets reads the earlier value.
-                if producer != action.id:
-                    found = True
-                    deps.add(producer)
-            if not found and name not in known_names:
-                warnings.append(
-                    PlanIssue(
-                        "unknown_reference",
-                        f"${name} in action '{action.id}' names nothing known; "
-                        "it will be left as written",
-                        action.line,
-                        action.column,
-                        action.id,
-                    )
-                )
-        after = (last_sync,) if last_sync is not None and last_sync not in deps else ()
-        nodes[action.id] = PlanNode(action, tuple(sorted(deps)), after)
-        if action.mode == ActionMode.sync:
-            last_sync = action.id
-
+    for action_id, placement in placed.items():
+        action = placement.action
+        depends_on = tuple(sorted({*placement.depends_on, *forward[action_id].values()}))
+        nodes[action_id] = PlanNode(action, depends_on, placement.after)
+        for name in placement.unbound:
+            if name not in forward[action_id]:
+                warnings.append(PlanIssue(
+                    "unknown_reference",
+                    f"${name} in action '{action_id}' names nothing known; "
+                    "it will be left as written",
+                    action.line, action.column, action_id))
+    for action_id, missing in planner.waiting.items():
+        action = placed[action_id].action
+        errors.extend(
+            PlanIssue("unknown_dependency",
+                      f"action '{action_id}' depends on '{dep}', which is not an action "
+                      "in this document", action.line, action.column, action_id)
+            for dep in missing)
+    self_loops = {i for i, placement in placed.items() if placement.self_loop}
     errors.extend(_cycle_issues(nodes, self_loops))
-    return Plan(nodes, errors, warnings, known=known_names, self_loops=self_loops)
+    return Plan(nodes, errors, warnings, known=planner.known, self_loops=self_loops)
 
 
 def _strongly_connected(nodes: dict[str, PlanNode]) -> list[list[str]]:

@@ -72,6 +72,24 @@ def test_implicit_dependency_via_braced_path_nested_and_any_stream_order() -> No
     assert plan.topological_order() == ["search", "use"]
 
 
+def test_two_producers_a_reference_waits_for_the_latest_one_before_it() -> None:
+    plan = build_plan(
+        [
+            act("p1", output_key="x"),
+            act("between", parameters={"v": "$x"}),
+            act("p2", output_key="x"),
+            act("last", parameters={"v": "${x.field}", "w": "$p1"}),
+        ]
+    )
+    assert edges(plan) == {
+        "p1": ((), ()),
+        "between": (("p1",), ()),
+        "p2": ((), ()),
+        "last": (("p1", "p2"), ()),  # p2 for $x, p1 for $p1
+    }
+    assert plan.ok and plan.warnings == []
+
+
 def test_explicit_union_implicit_sorted_and_deduplicated() -> None:
     plan = build_plan(
         [
