@@ -361,7 +361,8 @@ def _coalesce(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[s
 def _start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
                   action: Action, depth: int, model: ModelConfig) -> bool:
     """Register the action and send it if it is ready; False if the job has ended."""
-    deps, after = planner.add(action)
+    placed = planner.place(action)
+    deps, after = list(placed.depends_on), list(placed.after)
     spec = action.model_dump(mode="json")
     spec.update(depends_on=deps, after=after, depth=depth, agent=agent.name)
     if action.type.value == "llm":
@@ -369,6 +370,8 @@ def _start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPl
     entry = {"id": action.id, "spec": dumps(spec), "deps": deps, "after": after,
              "on_error": action.on_error.value, "awaited": action.mode.value != "fire_and_forget"}
     refusal = agent.refusal(action.type.value, action.name)  # nesting: jobs.submit_child
+    if placed.self_loop:  # as a document says it: it could never run
+        refusal = f"dependency cycle: {action.id} -> {action.id}"
     if refusal is not None:  # registered (dependents may wait on it), never queued
         entry.update(deps=[], after=[], hold=True)
     if store.spec(job_id, action.id) is not None:

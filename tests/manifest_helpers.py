@@ -16,7 +16,7 @@ EXAMPLE_MANIFESTS = REPO_ROOT / "examples" / "manifests"
 TEST_AGENTS = sorted([
     "analyzer", "blocked", "comprehensive_analyzer", "correlation_analyzer", "data_analyzer",
     "error_analyzer", "feed_lab", "feeder", "hasty", "helper", "llm_feeder", "native",
-    "pattern_analyzer", "retrier", "tester"])
+    "pattern_analyzer", "retrier", "shallow", "tester"])
 """The agents of tests/manifests/agents.yaml, sorted as the API lists them."""
 TEST_RELICS = ["broken", "echo", "log_service", "missing", "postgres_monitor", "results_cache"]
 """The relics of tests/manifests/relics.yaml, sorted."""

@@ -702,3 +702,38 @@ def test_agents_are_listed_and_unknown_ones_rejected(api: Any) -> None:
     assert "nobody" in response.text
     after = [j["id"] for j in httpx.get(f"{api.url}/v1/jobs?limit=5").json()["items"]]
     assert after == before
+
+
+def test_one_nesting_rule_refuses_a_child_past_the_agents_max_depth(api: Any, llm: FakeLLM) -> None:
+    """`shallow` (max_depth 0) lists `helper`, but a child would be at depth 1: the action
+    fails with the rule's message (`jobs.submit_child`) and no child job is created."""
+    model = unique("shallow")
+    llm.script(model, [
+        turn(act("down", "helper", {"input": "Help."}, kind="agent")),
+        turn(final("Alone, then.")),
+    ])
+
+    job_id, events = run_agent(api, "shallow", "Nest.", model=model)
+
+    error = one(events, "action_failed", "down")["data"]["error"]
+    assert error == "agent 'helper': nesting depth limit (0) reached"
+    assert of(events, "child_job") == []
+    assert messages(llm, model, 1)[-1]["content"] == \
+        f'<result id="down" status="error">{error}</result>'
+    assert view(api, job_id)["result"] == "Alone, then."
+
+
+def test_an_action_that_depends_on_itself_fails_in_a_stream_as_in_a_document(
+        api: Any, llm: FakeLLM) -> None:
+    model = unique("selfdep")
+    llm.script(model, [
+        turn('<action type="tool" mode="sync" id="loop" depends_on="loop">'
+             '{"name": "echo", "parameters": {"message": "never"}}</action>'),
+        turn(final("Noted.")),
+    ])
+
+    job_id, events = run_agent(api, "tester", "Loop.", model=model)
+
+    assert one(events, "action_failed", "loop")["data"]["error"] == "dependency cycle: loop -> loop"
+    assert of(events, "action_started") == []
+    assert view(api, job_id)["status"] == "completed"
