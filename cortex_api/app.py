@@ -7,11 +7,10 @@ from contextlib import asynccontextmanager
 from importlib import metadata
 
 from fastapi import Depends, FastAPI
-from fastapi.exceptions import RequestValidationError
 
 from cortex_api.auth import KeyRing, metrics_guard
-from cortex_api.errors import REDIS_ERRORS, invalid_request, redis_unavailable
-from cortex_api.limits import BodyLimitMiddleware, body_limit, invalid_unicode
+from cortex_api.errors import install_handlers
+from cortex_api.limits import BodyLimitMiddleware, body_limit
 from cortex_api.readiness import ReadinessProbe, celery_inspector, required_pools
 from cortex_api.routes import health, jobs, metrics, page, registry, sessions, validate
 from cortex_api.sse import EventHub
@@ -50,10 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.keyring = KeyRing.from_settings(settings)  # sha256 digests only; see auth.py
     app.add_middleware(BodyLimitMiddleware, max_bytes=body_limit(settings))
-    for error in REDIS_ERRORS:
-        app.add_exception_handler(error, redis_unavailable)
-    app.add_exception_handler(RequestValidationError, invalid_request)
-    app.add_exception_handler(UnicodeEncodeError, invalid_unicode)  # "\ud800" in JSON
+    install_handlers(app)  # every exception handler: errors of the CortexError tree, Redis, ...
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(validate.router)

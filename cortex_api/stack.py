@@ -28,6 +28,7 @@ from typing import IO, Any
 import httpx
 import redis
 
+from cortex_worker.errors import CortexError
 from cortex_worker.settings import Settings
 
 DEFAULT_POOLS = ("agent", "tool", "llm", "relic")
@@ -40,7 +41,7 @@ GRACE_S = 10.0
 FLOWER_GRACE_S = 2.0
 
 
-class StackError(RuntimeError):
+class StackError(CortexError, RuntimeError):
     """A process of the stack did not start; the message says which and why."""
 
 

@@ -35,6 +35,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from cortex_worker.agents.spec import INTERNAL_ACTIONS, AgentSpec
+from cortex_worker.errors import CortexError
 from cortex_worker.relics.spec import RelicSpec, builtin_relics, check_relic, link_relic
 from cortex_worker.tools.errors import ToolError
 from cortex_worker.tools.spec import BUILTIN_TOOLS, ToolSpec
@@ -43,15 +44,15 @@ from cortex_worker.workflows.spec import WorkflowSpec, check_workflow, link_work
 BUILTIN_SOURCE = "<built-in>"
 
 
-class ManifestError(ValueError):
+class ManifestError(CortexError, ValueError):
     """A manifest that cannot be loaded; the message names the file and the field."""
 
 
-class UnknownAgentError(LookupError):
+class UnknownAgentError(CortexError, LookupError):
     """`Registry.agent` was asked for an agent no manifest declares."""
 
 
-class UnknownWorkflowError(LookupError):
+class UnknownWorkflowError(CortexError, LookupError):
     """`Registry.workflow` was asked for a workflow no manifest declares."""
 
 

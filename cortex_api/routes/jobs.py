@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 
 from cortex_api.auth import CallerDep, StreamCallerDep
 from cortex_api.deps import HubDep, SettingsDep, StoreDep
-from cortex_api.errors import api_error, job_not_found, responses
+from cortex_api.errors import api_error, job_not_found, responses, submitting
 from cortex_api.limits import check_document_size
 from cortex_api.models import (
     JobCreate,
@@ -21,14 +21,7 @@ from cortex_api.models import (
     JobView,
 )
 from cortex_api.sse import EventStreamResponse, event_stream, resume_point
-from cortex_worker.jobs import (
-    SubmitError,
-    cancel_job,
-    submit_agent,
-    submit_document,
-    submit_workflow,
-)
-from cortex_worker.manifests import UnknownAgentError
+from cortex_worker.jobs import cancel_job, submit_agent, submit_document, submit_workflow
 from cortex_worker.store import Store, job_keys
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -43,27 +36,20 @@ def create_job(body: JobCreate, request: Request, response: Response, store: Sto
                settings: SettingsDep, caller: CallerDep) -> JobCreated:
     """Queue a job: a protocol document, an agent on an input, or a workflow on its inputs.
     422 explains a rejection."""
+    # SubmitError and UnknownAgentError become that 422 in cortex_api.errors.cortex_error
     if body.agent is not None:
-        try:
-            job_id = submit_agent(store, body.agent, body.input or "", options=body.options,
-                                  tenant=caller.tenant)
-        except UnknownAgentError as exc:
-            raise api_error(422, str(exc)) from None
+        job_id = submit_agent(store, body.agent, body.input or "", options=body.options,
+                              tenant=caller.tenant)
     elif body.workflow is not None:
-        try:
-            job_id = submit_workflow(store, body.workflow, body.inputs, options=body.options,
-                                     tenant=caller.tenant)
-        except SubmitError as exc:
-            raise api_error(422, f"the workflow was rejected: {exc.message}",
-                            errors=exc.errors) from None
+        submitting(request, "workflow")
+        job_id = submit_workflow(store, body.workflow, body.inputs, options=body.options,
+                                 tenant=caller.tenant)
     else:
         assert body.protocol is not None
         check_document_size(body.protocol, settings)
-        try:
-            job_id = submit_document(store, body.protocol, options=body.options,
-                                     tenant=caller.tenant)
-        except SubmitError as exc:
-            raise api_error(422, _rejection(exc), errors=exc.errors) from None
+        submitting(request, "document")
+        job_id = submit_document(store, body.protocol, options=body.options,
+                                 tenant=caller.tenant)
     links = _links(request, job_id)
     response.headers["Location"] = links.self
     return JobCreated(id=job_id, status=_status(store, job_id) or "queued", links=links)
@@ -133,16 +119,6 @@ def _status(store: Store, job_id: str) -> str | None:
 
 def _links(request: Request, job_id: str) -> JobLinks:
     return JobLinks.for_job(job_id)
-
-
-def _rejection(exc: SubmitError) -> str:
-    errors = exc.errors or []
-    if not errors:
-        return f"the document was rejected: {exc}"
-    first = errors[0]
-    where = f"line {first.get('line')}, column {first.get('column')}: " if "line" in first else ""
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"the document was rejected: {where}{first.get('message', exc)}{more}"
 
 
 def _page(store: Store, status: JobStatus | None, limit: int, offset: int,

@@ -11,7 +11,6 @@ from cortex_api.deps import SettingsDep, StoreDep
 from cortex_api.errors import api_error, responses
 from cortex_api.models import JobCreated, JobLinks, MessageCreate, SessionCreate, SessionView
 from cortex_worker.jobs import submit_agent
-from cortex_worker.manifests import UnknownAgentError
 from cortex_worker.options import JobOptions
 from cortex_worker.runtime import get_registry
 from cortex_worker.store import JOB_TERMINAL
@@ -28,10 +27,7 @@ def _view(data: dict) -> SessionView:
 def create_session(body: SessionCreate, store: StoreDep, settings: SettingsDep,
                    caller: CallerDep) -> SessionView:
     """Open a conversation with an agent."""
-    try:
-        get_registry().agent(body.agent)
-    except UnknownAgentError as exc:
-        raise api_error(422, str(exc)) from None
+    get_registry().agent(body.agent)  # UnknownAgentError: 422 (cortex_api.errors)
     session_id = uuid.uuid4().hex
     store.create_session(session_id, body.agent, body.options.model_dump(), settings.event_retention_s,
                          tenant=caller.tenant)

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from cortex_worker.errors import ActionFailed
 from cortex_worker.protocol.lenient_json import JSONBodyError, loads
 
 __all__ = [
@@ -74,7 +75,7 @@ class Usage:
 Piece = TextDelta | ToolCall | Usage
 
 
-class ModelError(Exception):
+class ModelError(ActionFailed):
     """A model call failed.
 
     `retryable`: trying again may succeed (connection errors, timeouts, 429, 5xx, a dropped
@@ -86,7 +87,6 @@ class ModelError(Exception):
     def __init__(self, message: str, *, retryable: bool = False, status: int | None = None,
                  streamed: int = 0, attempts: int = 1) -> None:
         super().__init__(message)
-        self.message = message
         self.retryable = retryable
         self.status = status
         self.streamed = streamed

@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from cortex_worker.errors import CortexError
+
 NAME_ALIASES = ("name", "tool", "agent", "relic", "workflow")
 
 
@@ -65,13 +67,12 @@ class Action(BaseModel):
         return value.strip() or None if value is not None else None
 
 
-class ActionError(ValueError):
+class ActionError(CortexError, ValueError):
     """An action whose fields are invalid; `kind` is a protocol error kind."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
-        self.message = message
 
 
 def parse_depends_on(value: Any) -> list[str]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from cortex_worker.errors import CortexError
 
-class JSONBodyError(ValueError):
+
+class JSONBodyError(CortexError, ValueError):
     """Invalid JSON; `line` and `column` are 1-based and relative to the parsed text."""
 
     def __init__(self, message: str, line: int = 1, column: int = 1) -> None:
         super().__init__(message)
-        self.message = message
         self.line = line
         self.column = column
 

@@ -28,6 +28,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from cortex_worker.errors import CortexError
+
 __all__ = [
     "PathError",
     "Reference",
@@ -67,7 +69,7 @@ class Unresolved(NamedTuple):
     reason: str
 
 
-class PathError(ValueError):
+class PathError(CortexError, ValueError):
     """A path does not resolve; `reason` says why and `index` which segment failed."""
 
     def __init__(self, reason: str, index: int, path: Sequence[str]) -> None:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from cortex_worker.errors import CortexError
 from cortex_worker.sandbox.isolation import Isolation, setup_error
 from cortex_worker.sandbox.isolation import plan as isolation_plan
 from cortex_worker.tools.spec import Limits
@@ -59,7 +60,7 @@ DRAIN_GRACE_S = 0.5
 _CHUNK = 64 * 1024
 
 
-class SandboxError(RuntimeError):
+class SandboxError(CortexError, RuntimeError):
     """The command could not be started (not found, not executable, bad cwd)."""
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from cortex_worker.errors import ActionFailed
 
-class ToolError(Exception):
+
+class ToolError(ActionFailed):
     """A clean action failure; `message` says what went wrong, `detail` holds logs (stderr…)."""
 
     def __init__(self, message: str, *, detail: str | None = None) -> None:
         super().__init__(message)
-        self.message = message
         self.detail = detail
 
 
