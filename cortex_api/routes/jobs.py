@@ -22,11 +22,11 @@ from cortex_api.models import (
 )
 from cortex_api.sse import EventStreamResponse, event_stream, resume_point
 from cortex_worker.jobs import cancel_job, submit_agent, submit_document, submit_workflow
-from cortex_worker.store import Store, job_keys
+from cortex_worker.store import Store
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-SUMMARY_FIELDS = ("id", "status", "created_at", "started_at", "finished_at", "error")
+SUMMARY_FIELDS = ("status", "created_at", "started_at", "finished_at", "error")
 SCAN_BATCH = 200
 MAX_SCAN = 5000
 
@@ -73,7 +73,7 @@ def list_jobs(
 def get_job(job_id: str, store: StoreDep, caller: CallerDep) -> JobView:
     """A job, its actions (in document order) and their outcomes."""
     job = store.get_job(job_id)
-    if job is None or not caller.owns(job.get("tenant")):
+    if job is None or not caller.owns(job.tenant):
         raise job_not_found(job_id)
     return JobView.from_store(job, store.actions(job_id))
 
@@ -81,8 +81,8 @@ def get_job(job_id: str, store: StoreDep, caller: CallerDep) -> JobView:
 @router.post("/{job_id}/cancel", response_model=JobStatusView, responses=responses(404, 409))
 def cancel(job_id: str, store: StoreDep, caller: CallerDep) -> JobStatusView:
     """Cancel a job: its queued and running actions are revoked. 409 if it had already ended."""
-    status, tenant = store.redis.hmget(job_keys(job_id)[0], ["status", "tenant"])
-    if status is None or not caller.owns(tenant):
+    job = store.peek(job_id, "status", "tenant")
+    if job is None or not caller.owns(job.tenant):
         raise job_not_found(job_id)
     if not cancel_job(store, job_id):
         status = _status(store, job_id) or "unknown"
@@ -106,7 +106,7 @@ async def job_events(
         start = resume_point(last_event_id, after)
     except ValueError as exc:
         raise api_error(400, str(exc)) from None
-    status, tenant = await hub.redis.hmget(job_keys(job_id)[0], ["status", "tenant"])
+    status, tenant = await hub.status_and_tenant(job_id)
     if status is None or not caller.owns(tenant):
         raise job_not_found(job_id)
     return EventStreamResponse(event_stream(hub, job_id, start))
@@ -114,7 +114,8 @@ async def job_events(
 
 def _status(store: Store, job_id: str) -> str | None:
     """Just the status (the job hash also holds the whole document)."""
-    return store.redis.hget(job_keys(job_id)[0], "status")
+    job = store.peek(job_id, "status")
+    return None if job is None else job.status
 
 
 def _links(request: Request, job_id: str) -> JobLinks:
@@ -132,15 +133,11 @@ def _page(store: Store, status: JobStatus | None, limit: int, offset: int,
         ids = store.list_jobs(limit=batch, offset=position, tenant=tenant)
         if not ids:
             return items, None
-        pipe = store.redis.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hmget(job_keys(job_id)[0], SUMMARY_FIELDS)
-        for job_id, values in zip(ids, pipe.execute(), strict=True):
+        for job in store.peek_many(ids, *SUMMARY_FIELDS):
             position += 1
-            job = {k: v for k, v in zip(SUMMARY_FIELDS, values, strict=True) if v is not None}
-            if not job or (status is not None and job.get("status") != status.value):
+            if job is None or (status is not None and job.status != status.value):
                 continue
-            items.append(JobSummary.from_store({**job, "id": job_id}))
+            items.append(JobSummary.from_store(job))
             if len(items) == limit:
                 break
     more = bool(store.list_jobs(limit=1, offset=position, tenant=tenant))

@@ -13,7 +13,6 @@ from cortex_api.models import JobCreated, JobLinks, MessageCreate, SessionCreate
 from cortex_worker.jobs import submit_agent
 from cortex_worker.options import JobOptions
 from cortex_worker.runtime import get_registry
-from cortex_worker.store import JOB_TERMINAL
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -55,7 +54,7 @@ def post_message(session_id: str, body: MessageCreate, request: Request, store: 
         raise api_error(404, f"no session {session_id!r}")
     if data["jobs"]:
         last = store.get_job(data["jobs"][-1])
-        if last is not None and last.get("status") not in JOB_TERMINAL:
+        if last is not None and not last.ended:
             raise api_error(409, f"the session's job {data['jobs'][-1]!r} is still running; "
                             "wait for it to end (or cancel it) before sending another message")
     history = [{"role": m["role"], "content": m["content"]} for m in data["messages"]]
