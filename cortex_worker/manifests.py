@@ -39,7 +39,8 @@ from cortex_worker.errors import CortexError
 from cortex_worker.relics.spec import RelicSpec, builtin_relics, check_relic, link_relic
 from cortex_worker.tools.errors import ToolError
 from cortex_worker.tools.spec import BUILTIN_TOOLS, ToolSpec
-from cortex_worker.workflows.spec import WorkflowSpec, check_workflow, link_workflow
+from cortex_worker.workflows.link import link_workflow
+from cortex_worker.workflows.spec import WorkflowSpec, check_workflow
 
 BUILTIN_SOURCE = "<built-in>"
 
@@ -217,9 +218,8 @@ def _link_agent(spec: AgentSpec, registry: Registry, path: Path) -> AgentSpec:
 
 
 def _link_workflow(spec: WorkflowSpec, registry: Registry, path: Path) -> WorkflowSpec:
-    """What the steps name must exist (`link_workflow` is given the registry's tables)."""
-    link_workflow(spec, tools=registry.tools, agents=registry.agents,
-                  workflows=registry.workflows, relics=registry.relics)
+    """What the steps name must exist: each step is checked through the action-type table."""
+    link_workflow(spec, registry)
     return spec
 
 

@@ -1,7 +1,9 @@
 """Workflows (`kind: Workflow`): named DAGs of steps, run as jobs (docs/workflows.md).
 
-`spec` holds the manifest model and its load-time checks, `output` renders a run's result,
-`runner` runs `type="workflow"` actions as child jobs. Submitting and finishing a run live with
+`spec` holds the manifest model and its checks of one manifest alone, `link` checks the steps
+against every manifest loaded (through the action-type table), `output` renders a run's result,
+`runner` runs `type="workflow"` actions as child jobs. `link` is not imported here: it sits
+above the action-type table, which imports `spec` (and so this package). Submitting and finishing a run live with
 the other jobs in `cortex_worker.jobs`; what differs is `kinds.WorkflowKind`.
 """
 
@@ -12,7 +14,6 @@ from cortex_worker.workflows.spec import (
     WorkflowStep,
     check_workflow,
     input_errors,
-    link_workflow,
     prepare_inputs,
     workflow_plan,
 )
@@ -24,7 +25,6 @@ __all__ = [
     "check_workflow",
     "failure_message",
     "input_errors",
-    "link_workflow",
     "output_names",
     "prepare_inputs",
     "render_output",

@@ -6,14 +6,15 @@ a document's actions are, with `inputs` as a variable known from the start. Impl
 therefore come from `$step` / `${step.path}` references in parameters.
 
 `check_workflow` sees one manifest alone (ids, references, cycles, the inputs schema);
-`link_workflow` runs once every manifest has loaded (the tools, agents and workflows the steps
-name exist; workflows do not call each other in a circle).
+`workflows.link.link_workflow` runs once every manifest has loaded (the tools, agents, relics
+and workflows the steps name exist, checked through the action-type table; workflows do not
+call each other in a circle).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
@@ -23,10 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.plan.dag import Plan, build_plan
 from cortex_worker.protocol.actions import Action, ActionError, build_action, parse_depends_on
-from cortex_worker.protocol.variables import find_references, iter_references
-from cortex_worker.relics.spec import RelicSpec, check_relic_action
-from cortex_worker.tools.errors import ToolError
-from cortex_worker.tools.spec import ToolSpec, check_name, check_object_schema, validate_parameters
+from cortex_worker.protocol.variables import iter_references
+from cortex_worker.tools.spec import check_name, check_object_schema
 
 __all__ = [
     "INPUTS",
@@ -34,8 +33,8 @@ __all__ = [
     "WorkflowStep",
     "check_workflow",
     "input_errors",
-    "link_workflow",
     "prepare_inputs",
+    "step_label",
     "workflow_plan",
 ]
 
@@ -178,7 +177,8 @@ def prepare_inputs(spec: WorkflowSpec, inputs: Mapping[str, Any]) -> dict[str, A
 
 
 # -- checks -----------------------------------------------------------------------------
-def _label(index: int, step: WorkflowStep) -> str:
+def step_label(index: int, step: WorkflowStep) -> str:
+    """How messages name a step: `steps[0] 'fetch'`."""
     return f"steps[{index}] {step.id!r}"
 
 
@@ -229,7 +229,7 @@ def check_workflow(spec: WorkflowSpec) -> str | None:
         key = step.output_key
         if key is not None and key != step.id:
             if key in producers:
-                return (f"{_label(index, step)}.output_key: {key!r} is already the id or "
+                return (f"{step_label(index, step)}.output_key: {key!r} is already the id or "
                         f"output_key of step {producers[key]!r}")
             producers[key] = step.id
     steps = ", ".join(s.id for s in spec.steps)
@@ -237,13 +237,13 @@ def check_workflow(spec: WorkflowSpec) -> str | None:
     for index, step in enumerate(spec.steps):
         for dep in step.depends_on:
             if dep not in ids:
-                return f"{_label(index, step)}.depends_on: unknown step {dep!r} (steps: {steps})"
-        problem = _check_references(step.parameters, f"{_label(index, step)}.parameters",
+                return f"{step_label(index, step)}.depends_on: unknown step {dep!r} (steps: {steps})"
+        problem = _check_references(step.parameters, f"{step_label(index, step)}.parameters",
                                     producers, allowed_inputs, steps)
         if problem:
             return problem
         if step.type == "llm" and spec.model is None:
-            return (f"{_label(index, step)}: llm steps run on the workflow's model; give the "
+            return (f"{step_label(index, step)}: llm steps run on the workflow's model; give the "
                     "workflow a `model`")
     problem = _check_references(spec.output, "output", producers, allowed_inputs, steps)
     if problem:
@@ -254,73 +254,6 @@ def check_workflow(spec: WorkflowSpec) -> str | None:
         return f"steps: {exc.message}"
     for issue in plan.errors:
         index = ids.get(issue.action_id or "", 0)
-        return f"{_label(index, spec.steps[index])}: {issue.message}"
+        return f"{step_label(index, spec.steps[index])}: {issue.message}"
     return None
 
-
-def _workflow_loop(name: str, workflows: Mapping[str, WorkflowSpec],
-                   start: str) -> list[str] | None:
-    """A chain of workflow steps from `name` back to `start`, if there is one."""
-    stack: list[tuple[str, list[str]]] = [(name, [start, name])]
-    seen: set[str] = set()
-    while stack:
-        current, path = stack.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        spec = workflows.get(current)
-        if spec is None:
-            continue
-        for step in spec.steps:
-            if step.type != "workflow":
-                continue
-            if step.name == start:
-                return [*path, start]
-            stack.append((step.name, [*path, step.name]))
-    return None
-
-
-def link_workflow(spec: WorkflowSpec, *, tools: Mapping[str, ToolSpec], agents: Collection[str],
-                  workflows: Mapping[str, WorkflowSpec], relics: Mapping[str, RelicSpec]) -> None:
-    """Check what the steps name against every manifest loaded: ValueError (field path first).
-
-    Given the tables, not the `Registry`, so that the registry's module stays above this one."""
-    for index, step in enumerate(spec.steps):
-        label = _label(index, step)
-        literal = not find_references(step.parameters)
-        if step.type == "tool":
-            tool = tools.get(step.name)
-            if tool is None:
-                known = ", ".join(sorted(tools)) or "none"
-                raise ValueError(f"{label}: unknown tool {step.name!r}; declare it with kind: "
-                                 f"Tool (known tools: {known})")
-            if literal:
-                try:
-                    validate_parameters(tool, step.parameters)
-                except ToolError as exc:
-                    raise ValueError(f"{label}: tool {step.name!r}: {exc}") from None
-        elif step.type == "agent":
-            if step.name not in agents:
-                known = ", ".join(sorted(agents)) or "none"
-                raise ValueError(f"{label}: unknown agent {step.name!r}; declare it with kind: "
-                                 f"Agent (known agents: {known})")
-        elif step.type == "workflow":
-            if step.name == spec.name:
-                raise ValueError(f"{label}: a workflow cannot run itself")
-            child = workflows.get(step.name)
-            if child is None:
-                known = ", ".join(sorted(workflows)) or "none"
-                raise ValueError(f"{label}: unknown workflow {step.name!r}; declare it with "
-                                 f"kind: Workflow (known workflows: {known})")
-            loop = _workflow_loop(step.name, workflows, spec.name)
-            if loop:
-                raise ValueError(f"{label}: workflows call each other in a circle: "
-                                 + " -> ".join(loop))
-            if literal:
-                problems = input_errors(child, prepare_inputs(child, step.parameters))
-                if problems:
-                    raise ValueError(f"{label}: workflow {step.name!r}: {problems[0][1]}")
-        elif step.type == "relic":
-            problems = check_relic_action(relics, step.name, step.parameters)
-            if problems:
-                raise ValueError(f"{label}: {problems[0][1]}")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from celery import Celery, group
@@ -16,6 +19,7 @@ from cortex_api.app import create_app
 from cortex_api.models import JobCreate
 from cortex_api.routes.registry import registry_dep
 from cortex_worker import jobs
+from cortex_worker.actions.table import ACTION_TYPES, MANIFEST, Target
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.manifests import (
     UnknownWorkflowError,
@@ -27,13 +31,20 @@ from cortex_worker.record import JobRecord, encode
 from cortex_worker.settings import Settings
 from cortex_worker.workflows import (
     WorkflowSpec,
+    WorkflowStep,
     check_workflow,
     failure_message,
     input_errors,
     prepare_inputs,
     render_output,
 )
-from tests.manifest_helpers import EXAMPLE_MANIFESTS, TEST_MANIFESTS, load_error, write
+from tests.manifest_helpers import (
+    EXAMPLE_MANIFESTS,
+    REPO_ROOT,
+    TEST_MANIFESTS,
+    load_error,
+    write,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -258,6 +269,104 @@ def test_literal_workflow_inputs_are_checked(tmp_path: Path) -> None:
         """)
     assert message.endswith("steps[0] 'b': workflow 'inner': inputs.x: 'three' is not of type "
                             "'integer'")
+
+
+STEP_TYPES = set(get_args(WorkflowStep.model_fields["type"].annotation))
+
+
+def test_step_types_are_rows_of_the_action_type_table() -> None:
+    # every row but `internal` (an agent's own actions; the step model rejects it, see
+    # test_step_fields)
+    assert set(ACTION_TYPES) - {"internal"} == STEP_TYPES
+
+
+@pytest.mark.parametrize("step_type", sorted(STEP_TYPES))
+def test_every_step_type_is_checked_through_the_action_type_table(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step_type: str) -> None:
+    seen: list[Target] = []
+
+    def check(target: Target) -> list[tuple[str, str]]:
+        seen.append(target)
+        return [("stub", f"{target.label}: the table's {step_type} row says no to "
+                         f"{target.name!r}")]
+
+    monkeypatch.setitem(ACTION_TYPES, step_type, replace(ACTION_TYPES[step_type], check=check))
+    message = workflow_error(tmp_path, f"""\
+        kind: Workflow
+        name: w
+        model: {{base_url: "http://127.0.0.1:9/v1", model: m, api_key_env: null}}
+        steps: [{{id: a, type: {step_type}, name: other, parameters: {{p: 1}}}}]
+        """)
+    assert message == (f"m/workflows.yaml: Workflow 'w': steps[0] 'a': the table's {step_type} "
+                       "row says no to 'other'")
+    [target] = seen
+    assert (target.label, target.name, target.parameters) == ("steps[0] 'a'", "other", {"p": 1})
+    assert target.wording is MANIFEST and target.model is not None
+    assert "w" in target.registry.workflows and "echo" in target.registry.tools
+
+
+def _manifest_problems(step_type: str, name: str, parameters: Any = None,
+                       model: ModelConfig | None = None) -> list[tuple[str, str]]:
+    target = Target("steps[0] 'a'", name, parameters or {}, load_registry(TEST_MANIFESTS),
+                    wording=MANIFEST, model=model)
+    return ACTION_TYPES[step_type].check(target)
+
+
+MANIFEST_MESSAGES = {
+    "tool": ("unknown_tool", "steps[0] 'a': unknown tool 'ghost'; declare it with kind: Tool "
+                             "(known tools: api_call, "),
+    "agent": ("unknown_agent", "steps[0] 'a': unknown agent 'ghost'; declare it with kind: Agent "
+                               "(known agents: analyzer, "),
+    "workflow": ("unknown_workflow", "steps[0] 'a': unknown workflow 'ghost'; declare it with "
+                                     "kind: Workflow (known workflows: diamond, "),
+    "relic": ("unknown_relic", "steps[0] 'a': unknown relic 'ghost'; known relics: broken, "),
+    "internal": ("unknown_internal_action", "steps[0] 'a': unknown internal action 'ghost' "
+                                            "(one of: add_context_feed, "),
+    "llm": ("unsupported_action", "steps[0] 'a': llm steps run on the workflow's model; give the "
+                                  "workflow a `model`"),
+}
+
+
+@pytest.mark.parametrize("step_type", sorted(MANIFEST_MESSAGES))
+def test_every_row_words_its_problems_as_a_manifest_error(step_type: str) -> None:
+    assert set(ACTION_TYPES) == set(MANIFEST_MESSAGES)  # a new row words its problems here too
+    kind, start = MANIFEST_MESSAGES[step_type]
+    [(found_kind, message)] = _manifest_problems(step_type, "ghost")
+    assert found_kind == kind
+    assert message.startswith(start), message
+
+
+def test_llm_steps_run_on_the_workflows_model() -> None:
+    model = ModelConfig(base_url="http://127.0.0.1:9/v1", model="m", api_key_env=None)
+    assert _manifest_problems("llm", "summarise", model=model) == []
+
+
+def test_workflow_llm_steps_do_not_need_the_model_of_documents(tmp_path: Path) -> None:
+    write(tmp_path, "m/workflows.yaml", """\
+        kind: Workflow
+        name: w
+        model: {base_url: "http://127.0.0.1:9/v1", model: m, api_key_env: null}
+        steps: [{id: a, type: llm, name: summarise, parameters: {prompt: "$inputs.text"}}]
+        """)
+    assert [s.type for s in load_registry(tmp_path / "m").workflow("w").steps] == ["llm"]
+
+
+def test_relic_steps_are_checked(tmp_path: Path) -> None:
+    message = workflow_error(tmp_path, """\
+        kind: Workflow
+        name: w
+        steps: [{id: a, type: relic, name: ghost.get}]
+        """)
+    assert message.startswith("m/workflows.yaml: Workflow 'w': steps[0] 'a': unknown relic "
+                              "'ghost'; known relics: "), message
+
+
+def test_the_action_type_table_imports_first() -> None:
+    # workflows.link imports the table, which imports workflows.spec: the package's __init__
+    # must not import link, or a process that imports the table first cannot start
+    for module in ("cortex_worker.actions.table", "cortex_worker.workflows",
+                   "cortex_worker.workflows.link"):
+        subprocess.run([sys.executable, "-c", f"import {module}"], check=True, cwd=REPO_ROOT)
 
 
 @pytest.mark.parametrize(("schema", "expected"), [
