@@ -190,6 +190,9 @@ class JobView(JobSummary):
     parent_job: str | None = Field(default=None, description="the job whose action started this one")
     parent_action: str | None = None
     session: str | None = None
+    last_progress_at: float | None = Field(
+        default=None, description="when the job last logged an event (Unix seconds): a job "
+        "that is running and has not moved for long is one the reconciler looks at")
     actions: list[ActionView] = Field(default_factory=list)
     counts: dict[str, int] = Field(default_factory=dict,
                                    description="actions per status, and `total`")
@@ -206,7 +209,8 @@ class JobView(JobSummary):
         counts["total"] = len(views)
         return cls(**cls._fields(job), result=job.result or None, actions=views, counts=counts,
                    turns=job.turns, kind=job.kind, agent=job.agent, parent_job=job.parent_job,
-                   parent_action=job.parent_action, session=job.session)
+                   parent_action=job.parent_action, session=job.session,
+                   last_progress_at=job.progress_at)
 
 
 class JobList(BaseModel):

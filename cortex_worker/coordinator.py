@@ -27,10 +27,11 @@ from cortex_worker.agents.prompt import (
 )
 from cortex_worker.agents.spec import AgentSpec
 from cortex_worker.kinds import KINDS, render_responses
+from cortex_worker.liveness import is_dead
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.gateway import open_stream
 from cortex_worker.llm.stream import ModelError, TextDelta, ToolCall, Usage, tool_call_to_protocol
-from cortex_worker.owners import dead_here, owner
+from cortex_worker.owners import owner
 from cortex_worker.plan.stream import StreamPlanner
 from cortex_worker.protocol import parser as p
 from cortex_worker.protocol.actions import Action
@@ -59,7 +60,7 @@ def _resume(store: Store, job_id: str) -> tuple[int, list[str], bool]:
     if turn:
         return turn, finished, restarted
     current = (store.peek(job_id, "turn_owner") or JobRecord(id=job_id)).turn_owner
-    if current and current != me and dead_here(current):
+    if current and current != me and is_dead(store, current):
         return store.resume(job_id, me, TURN_LEASE_S, dead_owner=current)
     return 0, [], False
 

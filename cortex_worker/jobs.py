@@ -55,6 +55,8 @@ def check_document(doc: Document) -> list[dict[str, Any]]:
 #: How deep jobs may nest (a child's depth is its parent's + 1), unless the parent is an agent
 #: job: then its manifest's `max_depth` is the limit.
 MAX_DEPTH = 8
+#: The lease of an action whose child job runs it is held by `child:<child id>`.
+CHILD_OWNER = "child:"
 
 
 def model_of_document(settings: Settings, options: JobOptions) -> dict[str, Any]:
@@ -190,9 +192,12 @@ def submit_child(store: Store, job_id: str, action_id: str, child: ChildJob) -> 
         raise SubmitError(message, [_problem("too_deep", message)])
     link = (job_id, action_id)
     if child.kind == "agent":
-        return submit_agent(store, child.name, child.input, parent=link, depth=depth)
-    return submit_workflow(store, child.name, child.input, options=parent.options, parent=link,
-                           depth=depth)
+        child_id = submit_agent(store, child.name, child.input, parent=link, depth=depth)
+    else:
+        child_id = submit_workflow(store, child.name, child.input, options=parent.options,
+                                   parent=link, depth=depth)
+    store.hand_over(job_id, action_id, CHILD_OWNER + child_id)  # its worker is free to go
+    return child_id
 
 
 def _adopt(store: Store, parent: tuple[str, str], child: str) -> bool:

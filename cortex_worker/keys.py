@@ -17,6 +17,10 @@ ENDED_CHANNEL = f"{PREFIX}:ended"
 METRIC_COUNTERS = f"{PREFIX}:metrics"
 METRIC_DISPATCH = f"{PREFIX}:metrics:hist:dispatch"
 METRIC_DURATION = f"{PREFIX}:metrics:hist:duration"
+#: Ids of the jobs that have not ended: what the reconciler looks at (see `reconciler`).
+ACTIVE_JOBS = f"{PREFIX}:active"
+#: Held for one pass by the process that reconciles now (one at a time, any may).
+RECONCILER_LOCK = f"{PREFIX}:reconciler"
 #: The built-in key-value relic's keys start with this.
 RELIC_KV_PREFIX = f"{PREFIX}:relic:kv"
 #: How long a job's keys live when its record does not say (7 days).
@@ -47,10 +51,11 @@ class JobKeys(NamedTuple):
     conversation: str  # list: an agent's messages (Python only)
     children: str  # set: child job ids
     feeds: str  # hash: feed id -> run-time feed change
-    # (the scripts also keep `cx:{job_id}:tm`, each action's metric timings; see prelude.lua)
+    redrives: str  # hash: action id -> times the reconciler sent it again
+    timings: str  # hash: `t|<id>` type, `q|<id>` when queued (built by the scripts: prelude.lua)
 
 
-_SUFFIXES = {"awaiting": "await"}  # a field named as the key is, where that is a keyword
+_SUFFIXES = {"awaiting": "await", "timings": "tm"}  # a field named as the key is, where that is a keyword
 
 
 def job_keys(job_id: str) -> JobKeys:
@@ -67,6 +72,11 @@ def tenant_index(tenant: str) -> str:
 def channel(job_id: str) -> str:
     """The pub/sub channel a job's events are published on."""
     return f"{PREFIX}:ev:{job_id}"
+
+
+def alive_key(owner: str) -> str:
+    """Present while the worker process `owner` (host:pid) beats (see `heartbeat`)."""
+    return f"{PREFIX}:alive:{owner}"
 
 
 def session_key(session_id: str) -> str:

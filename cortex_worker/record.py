@@ -42,6 +42,7 @@ class JobRecord(BaseModel):
     created_at: float = 0.0
     started_at: float | None = None
     finished_at: float | None = None
+    progress_at: float | None = None  # its last event (set by every event the scripts log)
     ttl: int = DEFAULT_TTL_S
     # counters kept by the scripts: registered and unfinished, running now, failed
     remaining: int = 0

@@ -56,7 +56,21 @@ class Settings(BaseSettings):
     max_output_bytes: int = Field(default=256 * 1024, gt=0, description="stored per action")
     max_document_bytes: int = Field(default=1024 * 1024, gt=0)
     default_action_timeout_s: float = Field(default=300.0, gt=0)
-    visibility_timeout_s: int = Field(default=6 * 3600, gt=0)
+    visibility_timeout_s: int = Field(
+        default=6 * 3600, gt=0, description="the broker's redelivery of an unacknowledged task: "
+        "a backstop only (the reconciler recovers work within seconds); keep it longer than "
+        "the longest action, or a long action on a healthy worker is delivered twice")
+    heartbeat_s: float = Field(default=2.0, gt=0, description="how often a worker process "
+                               "says it is alive")
+    liveness_ttl_s: float = Field(default=10.0, gt=0, description="a worker process that has "
+                                  "not said so for this long is dead: its work is sent again")
+    reconcile_every_s: float = Field(default=5.0, gt=0, description="how often one worker "
+                                     "process (any) looks for lost work")
+    redrive_grace_s: float = Field(default=10.0, gt=0, description="how long a start, turn or "
+                                   "queued action may sit untouched before it is sent again "
+                                   "(doubling each time)")
+    max_redrives: int = Field(default=3, ge=0, description="times an action whose worker died "
+                              "is run again before it fails")
     canvas: bool = Field(default=True, description="compile series-parallel plans to canvas")
 
     document_model: ModelConfig | None = Field(

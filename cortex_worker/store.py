@@ -19,9 +19,11 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from cortex_worker.keys import (
+    ACTIVE_JOBS,
     DEFAULT_TTL_S,
     JOBS_INDEX,
     SCRIPT_KEYS,
+    alive_key,
     job_keys,
     session_key,
     tenant_index,
@@ -49,6 +51,17 @@ def _event_args(events: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
 
 
 @dataclass(frozen=True, slots=True)
+class ActionState:
+    """An unfinished action as the reconciler sees it."""
+
+    status: str  # pending, waiting, queued or running
+    owner: str | None  # the lease holder (host:pid), if it was claimed
+    lease_until: float | None
+    queued_at: float | None  # when it was last queued (or sent again)
+    redrives: int  # times the reconciler sent it again
+
+
+@dataclass(frozen=True, slots=True)
 class Dispatch:
     """What a state change asks for: actions to send now and whether the job drained."""
 
@@ -64,7 +77,7 @@ class Store:
         self.redis = client
         self._scripts = {name: client.register_script(_lua(name))
                          for name in ("emit", "register", "claim", "finish", "retry", "close", "requeue",
-                                      "resume", "begin")}
+                                      "resume", "begin", "redrive")}
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -75,9 +88,9 @@ class Store:
         return cls(redis.Redis.from_url(url, decode_responses=True, health_check_interval=30,
                                         retry=retry))
 
-    def _run(self, name: str, job_id: str, *args: Any) -> Any:
+    def _run(self, name: str, job_id: str, *args: Any, extra_keys: Sequence[str] = ()) -> Any:
         argv = [job_id, repr(time.time()), *args]
-        return self._scripts[name](keys=job_keys(job_id)[:SCRIPT_KEYS], args=argv)
+        return self._scripts[name](keys=[*job_keys(job_id)[:SCRIPT_KEYS], *extra_keys], args=argv)
 
     def _ttl(self, job_id: str) -> int:
         """The job's retention: its other keys expire with its record."""
@@ -95,6 +108,7 @@ class Store:
                                        **fields}))
         pipe.expire(key, ttl)
         pipe.zadd(JOBS_INDEX, {job_id: now})
+        pipe.sadd(ACTIVE_JOBS, job_id)  # until `close` ends it
         if fields.get("tenant"):
             pipe.zadd(tenant_index(fields["tenant"]), {job_id: now})
         pipe.execute()
@@ -213,6 +227,82 @@ class Store:
 
     def cache(self, key: str, value: Any, ttl_s: float) -> None:
         self.redis.set(key, dumps(value), px=max(1, round(ttl_s * 1000)))
+
+    # -- recovery (see reconciler.py) -------------------------------------------------------
+    def active_jobs(self) -> list[str]:
+        """Ids of the jobs that have not ended."""
+        return list(self.redis.sscan_iter(ACTIVE_JOBS, count=1000))
+
+    def forget_active(self, job_id: str) -> None:
+        """Drop a job that has ended or expired from the active set."""
+        self.redis.srem(ACTIVE_JOBS, job_id)
+
+    def action_states(self, job_id: str) -> dict[str, ActionState]:
+        """Every unfinished action's status, lease, when it was queued and how many times it
+        was sent again: what the reconciler needs, in one round trip."""
+        keys = job_keys(job_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(keys.status)
+        pipe.hgetall(keys.lease)
+        pipe.hgetall(keys.timings)
+        pipe.hgetall(keys.redrives)
+        statuses, leases, timings, redrives = pipe.execute()
+        out: dict[str, ActionState] = {}
+        for action_id, status in statuses.items():
+            if status in TERMINAL:
+                continue
+            owner, expiry = None, None
+            if action_id in leases:
+                owner, _, until = leases[action_id].rpartition("|")
+                expiry = float(until)
+            queued = timings.get(f"q|{action_id}")
+            out[action_id] = ActionState(status, owner, expiry, float(queued) if queued else None,
+                                         int(redrives.get(action_id, 0)))
+        return out
+
+    def redrive(self, job_id: str, action_id: str, dead_owner: str, why: str,
+                most: int) -> tuple[str, Any]:
+        """Send a lost action again: ("send", spec), ("give_up", times) past `most` times, or
+        ("", None) if it needs nothing (see lua/redrive.lua)."""
+        out = self._run("redrive", job_id, action_id, dead_owner, why, str(most),
+                        extra_keys=[job_keys(job_id).redrives])
+        if not out:
+            return "", None
+        return ("send", json.loads(out[1])) if out[0] == "send" else ("give_up", int(out[1]))
+
+    def redrives(self, job_id: str, what: str) -> int:
+        """How many times `what` (an action id, or "@start" and the like) was sent again."""
+        return int(self.redis.hget(job_keys(job_id).redrives, what) or 0)
+
+    def count_redrive(self, job_id: str, what: str) -> int:
+        key = job_keys(job_id).redrives
+        pipe = self.redis.pipeline()
+        pipe.hincrby(key, what, 1)
+        pipe.expire(key, self._ttl(job_id))
+        return int(pipe.execute()[0])
+
+    def hand_over(self, job_id: str, action_id: str, holder: str) -> None:
+        """Give a running action's lease to `holder` (a child job), keeping its expiry."""
+        key = job_keys(job_id).lease
+        lease = self.redis.hget(key, action_id)
+        if lease is not None:
+            self.redis.hset(key, action_id, f"{holder}|{lease.rpartition('|')[2]}")
+
+    def beat(self, owner: str, ttl_s: float) -> None:
+        """Say that worker process `owner` is alive for the next `ttl_s` seconds."""
+        self.redis.set(alive_key(owner), "1", px=max(1, round(ttl_s * 1000)))
+
+    def alive(self, owners: Iterable[str]) -> set[str]:
+        """Those of `owners` whose heartbeat has not expired."""
+        owners = list(owners)
+        if not owners:
+            return set()
+        flags = self.redis.mget([alive_key(o) for o in owners])
+        return {o for o, flag in zip(owners, flags, strict=True) if flag is not None}
+
+    def try_lock(self, key: str, owner: str, ttl_s: float) -> bool:
+        """Take `key` for `ttl_s` seconds unless another owner holds it."""
+        return bool(self.redis.set(key, owner, nx=True, px=max(1, round(ttl_s * 1000))))
 
     # -- sessions -------------------------------------------------------------------------
     def create_session(self, session_id: str, agent: str, options: dict[str, Any], ttl: int,

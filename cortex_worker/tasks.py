@@ -4,18 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.signals import worker_process_init
+from celery.signals import worker_init, worker_process_init
 
-from cortex_worker import coordinator, dispatch, executor, feeds, jobs
+from cortex_worker import coordinator, dispatch, executor, feeds, jobs, reconciler
 from cortex_worker.app import app
 from cortex_worker.runtime import get_store
 from cortex_worker.sandbox.process import install_sigterm_handler
+from cortex_worker.settings import get_settings
 
 
 @worker_process_init.connect
 def _init_process(**_: Any) -> None:
     # A revoked (terminated) task must take its sandboxed processes with it.
     install_sigterm_handler()
+    reconciler.start(get_store(), get_settings())  # a prefork child: it holds leases
+
+
+@worker_init.connect
+def _init_worker(**_: Any) -> None:
+    # The worker's own process: threaded pools run their tasks here; a prefork parent beats
+    # and reconciles too (its children start their own heartbeat after the fork).
+    reconciler.start(get_store(), get_settings())
 
 
 @app.task(name="cortex.start_job", ignore_result=True)

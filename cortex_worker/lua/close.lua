@@ -23,5 +23,6 @@ end
 redis.call('DEL', K_WAIT)
 for i = 6, #ARGV, 2 do emit(ARGV[i], ARGV[i + 1]) end
 expire_all()
+redis.call('SREM', ACTIVE_JOBS, JOB)
 redis.call('PUBLISH', ENDED_CHANNEL, JOB)
 return live

@@ -8,6 +8,7 @@ local JOB, NOW = ARGV[1], ARGV[2]
 local TERMINAL = {ok = true, error = true, timeout = true, skipped = true, cancelled = true}
 local JOB_TERMINAL = {completed = true, failed = true, cancelled = true}
 local ENDED_CHANNEL = 'cx:ended'  -- keys.ENDED_CHANNEL: the id of every job that ends
+local ACTIVE_JOBS = 'cx:active'  -- keys.ACTIVE_JOBS: jobs that have not ended
 
 -- Whether the job is gone or has ended: nothing new may be registered, started or logged for it.
 local function job_ended()
@@ -22,6 +23,7 @@ local function emit(kind, data)
              ',"type":"' .. kind .. '","data":' .. data .. '}'
   redis.call('XADD', K_EVENTS, seq .. '-0', 'e', ev)
   redis.call('PUBLISH', 'cx:ev:' .. JOB, ev)
+  if redis.call('EXISTS', K_JOB) == 1 then redis.call('HSET', K_JOB, 'progress_at', NOW) end
   if seq == 1 then
     local ttl = tonumber(redis.call('HGET', K_JOB, 'ttl') or '604800')
     redis.call('EXPIRE', K_SEQ, ttl)

@@ -16,7 +16,7 @@ from cortex_worker.app import create_app, restore_lock_expiry
 from cortex_worker.sandbox.docker import LABEL_JOB
 from cortex_worker.settings import Settings
 from tests import dockerd, harness
-from tests.chaos.conftest import TIMINGS, VISIBILITY_TIMEOUT_S, Stack
+from tests.chaos.conftest import TIMINGS, Stack
 from tests.fake_llm import Turn
 
 
@@ -44,6 +44,9 @@ def check_redelivered(stack: Stack, job_id: str, action: str, killed_at: float,
     events = stack.events(job_id)
     assert job["status"] == "completed", (job, [e["type"] for e in events])
     assert [e["data"]["attempt"] for e in of(events, "action_started", action)] == [1, 2]
+    redriven = [e for e in of(events, "warning") if e["data"].get("kind") == "action_redriven"]
+    assert [e["data"]["action_id"] for e in redriven] == [action]  # the reconciler, with a reason
+    assert "stopped; it was sent again" in redriven[0]["data"]["message"]
     assert len(of(events, "action_completed", action)) == 1
     assert not of(events, "action_failed")
     attempts = {a["id"]: a["attempts"] for a in job["actions"]}
@@ -59,9 +62,9 @@ def test_tool_worker_killed_mid_action(stack: Stack) -> None:
     doc = (tool("slow", "sleep", {"seconds": 1.5})
            + tool("next", "echo", {"message": "$slow"}, depends_on=["slow"])
            + "<response>$next</response>")
-    app = create_app(Settings(visibility_timeout_s=VISIBILITY_TIMEOUT_S))  # as the workers'
+    app = create_app(Settings())  # as the workers' (the defaults)
     expiry = app.conf.broker_transport_options["unacked_mutex_expire"]
-    assert expiry == restore_lock_expiry(VISIBILITY_TIMEOUT_S) < 300  # kombu's default: 300
+    assert expiry == restore_lock_expiry(Settings().visibility_timeout_s) < 300  # kombu's: 300
     job_id = stack.submit({"protocol": doc})
     first = stack.wait_event(job_id, started("slow"))
     # kombu's restore lock, as a worker that died holding it leaves it (or a Redis restart that
