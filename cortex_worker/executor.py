@@ -17,8 +17,9 @@ from cortex_worker import dispatch
 from cortex_worker.actions.call import Call, ChildJob, Deferred
 from cortex_worker.actions.table import ACTION_TYPES, runner_of
 from cortex_worker.errors import SubmitError
+from cortex_worker.liveness import is_dead
 from cortex_worker.llm.stream import ModelError
-from cortex_worker.owners import dead_here, owner
+from cortex_worker.owners import owner
 from cortex_worker.protocol.variables import find_references, substitute
 from cortex_worker.runtime import get_registry, get_store
 from cortex_worker.settings import get_settings
@@ -83,7 +84,7 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
     while True:
         claim = store.claim(job_id, action_id, owner(), lease, names)
         state = claim[0]
-        if state == "busy" and dead_here(claim[1]):
+        if state == "busy" and is_dead(store, claim[1]):
             claim = store.claim(job_id, action_id, owner(), lease, names, force=True)
             state = claim[0]
         if state == "run":

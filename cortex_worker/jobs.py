@@ -22,6 +22,7 @@ from cortex_worker.actions.table import ACTION_TYPES, Target
 from cortex_worker.errors import SubmitError
 from cortex_worker.kinds import KINDS, Start
 from cortex_worker.options import JobOptions
+from cortex_worker.owners import CHILD_OWNER
 from cortex_worker.plan.canvas import decompose
 from cortex_worker.plan.dag import Plan
 from cortex_worker.protocol.actions import Action
@@ -55,8 +56,6 @@ def check_document(doc: Document) -> list[dict[str, Any]]:
 #: How deep jobs may nest (a child's depth is its parent's + 1), unless the parent is an agent
 #: job: then its manifest's `max_depth` is the limit.
 MAX_DEPTH = 8
-#: The lease of an action whose child job runs it is held by `child:<child id>`.
-CHILD_OWNER = "child:"
 
 
 def model_of_document(settings: Settings, options: JobOptions) -> dict[str, Any]:

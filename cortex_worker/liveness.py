@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
-from cortex_worker.owners import dead_here, owner
+from cortex_worker.owners import CHILD_OWNER, dead_here, owner
 from cortex_worker.store import Store
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,9 @@ class Heartbeat:
 
 
 def dead(store: Store, holders: set[str]) -> set[str]:
-    """Those of `holders` known to be dead: gone from this host, or no heartbeat in Redis."""
+    """Those of `holders` known to be dead: gone from this host, or no heartbeat in Redis.
+    A child job holding a lease is not a process and is never dead."""
+    holders = {h for h in holders if not h.startswith(CHILD_OWNER)}
     gone = {h for h in holders if dead_here(h)}
     return gone | (holders - gone - store.alive(holders - gone))
 

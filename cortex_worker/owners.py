@@ -8,6 +8,9 @@ import socket
 from pathlib import Path
 
 HOST = socket.gethostname()
+#: A lease held by a child job (an agent or workflow action) names it `child:<child id>`; it
+#: is not a process, and is never dead: the child is recovered on its own.
+CHILD_OWNER = "child:"
 
 
 def owner() -> str:

@@ -30,7 +30,7 @@ from cortex_worker import dispatch, executor, jobs
 from cortex_worker.keys import RECONCILER_LOCK
 from cortex_worker.kinds import KINDS
 from cortex_worker.liveness import Heartbeat, dead
-from cortex_worker.owners import owner
+from cortex_worker.owners import CHILD_OWNER, owner
 from cortex_worker.record import JobRecord
 from cortex_worker.settings import Settings
 from cortex_worker.store import ActionState, Store
@@ -123,7 +123,7 @@ class Reconciler:
             return value if outcome == "send" else None
         if state.status != "running" or state.owner is None:
             return None
-        if state.owner.startswith(jobs.CHILD_OWNER):
+        if state.owner.startswith(CHILD_OWNER):
             return None  # a child job runs it; the child is recovered on its own
         expired = state.lease_until is not None and now - state.lease_until > self.grace
         if state.owner not in gone and not expired:
