@@ -23,6 +23,7 @@ from cortex_worker.agents.prompt import (
     format_errors,
     format_feeds,
     format_results,
+    result_body,
     tool_functions,
 )
 from cortex_worker.agents.spec import AgentSpec
@@ -30,7 +31,14 @@ from cortex_worker.kinds import KINDS, render_responses
 from cortex_worker.liveness import is_dead
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.gateway import open_stream
-from cortex_worker.llm.stream import ModelError, TextDelta, ToolCall, Usage, tool_call_to_protocol
+from cortex_worker.llm.stream import (
+    ModelError,
+    TextDelta,
+    ToolCall,
+    Usage,
+    protocol_id,
+    tool_call_to_protocol,
+)
 from cortex_worker.owners import owner
 from cortex_worker.plan.stream import StreamPlanner
 from cortex_worker.protocol import parser as p
@@ -156,6 +164,9 @@ class _Turn:
     ended: bool = False  # the job ended (cancelled, or its wall time ran out) mid-generation
     batch: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     flushed_at: float = 0.0
+    tagged: bool = False  # the model wrote protocol (a tag, or a malformed one)
+    plain: list[str] = field(default_factory=list)  # text outside any tag
+    native: list[tuple[ToolCall, str]] = field(default_factory=list)  # (call, its protocol text)
 
 
 def _stop_reason(store: Store, job_id: str, agent: AgentSpec, job: JobRecord,
@@ -176,16 +187,24 @@ def _stop_reason(store: Store, job_id: str, agent: AgentSpec, job: JobRecord,
 
 
 def _prompt(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
-            finished: list[str]) -> list[dict[str, Any]]:
+            finished: list[str]) -> tuple[list[dict[str, Any]], int]:
+    """The turn's messages, and how many at the end are new (not yet in the conversation)."""
     parts: list[str] = []
     if turn == 1:
         parts.append(job.input)
-    records = store.results(job_id, finished)
-    results = [{"id": a, "status": r["status"], "value": r.get("value")} if r["status"] == "ok"
+    native = {c["action_id"]: c["id"] for c in job.native_calls}
+    records = store.results(job_id, [*native, *finished])
+    results = {a: {"id": a, "status": r["status"], "value": r.get("value")} if r["status"] == "ok"
                else {"id": a, "status": r["status"], "error": r.get("error")}
-               for a, r in records.items()]
-    if results:
-        parts.append(format_results(results, RESULT_CHARS))
+               for a, r in records.items()}
+    # a native call's result is a `tool` message answering it, in call order (as the model
+    # was trained); every other action's is a <result> block
+    tool_messages = [{"role": "tool", "tool_call_id": call_id,
+                      "content": _tool_content(results.get(action_id), RESULT_CHARS)}
+                     for action_id, call_id in native.items()]
+    blocks = [results[a] for a in finished if a in results and a not in native]
+    if blocks:
+        parts.append(format_results(blocks, RESULT_CHARS))
     if job.feedback:
         parts.append(format_errors(job.feedback))
     if job.remind:
@@ -194,13 +213,23 @@ def _prompt(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: i
     if context:
         parts.append(format_feeds(context))
     system = build_system_prompt(agent, get_registry())
-    user = {"role": "user", "content": "\n\n".join(x for x in parts if x) or PROTOCOL_REMINDER}
-    return [{"role": "system", "content": system}, *store.conversation(job_id), user]
+    text = "\n\n".join(x for x in parts if x)
+    user = [{"role": "user", "content": text or PROTOCOL_REMINDER}] if text or not tool_messages else []
+    fresh = [*tool_messages, *user]  # appended to the conversation with the turn's reply
+    return [{"role": "system", "content": system}, *store.conversation(job_id), *fresh], len(fresh)
+
+
+def _tool_content(result: dict[str, Any] | None, limit: int) -> str:
+    """The `tool` message of a native call: its value, or `<status>: <error>`."""
+    if result is None:
+        return "error: this call did not run (see the protocol errors in the next message)"
+    body = result_body(result, limit)
+    return body if result["status"] == "ok" else f"{result['status']}: {body}"
 
 
 def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
               finished: list[str], restarted: bool = False) -> _Turn | None:
-    messages = _prompt(store, job_id, job, agent, turn, finished)
+    messages, fresh = _prompt(store, job_id, job, agent, turn, finished)
     if not restarted:
         begin = [("job_started", {"kind": "agent", "agent": agent.name})] if turn == 1 else []
         store.emit(job_id, [*begin, ("turn_started", {"turn": turn})], live=True)
@@ -237,6 +266,8 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
                     deltas += 1
                     chunk = piece.text if isinstance(piece, TextDelta) else \
                         tool_call_to_protocol(piece) if isinstance(piece, ToolCall) else ""
+                    if isinstance(piece, ToolCall):
+                        state.native.append((piece, chunk))
                     text.append(chunk)
                     _handle(store, job_id, agent, planner, parser.feed(chunk), state, depth, model)
                     if state.stopped_at is not None or state.ended:
@@ -280,9 +311,25 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     generated = "".join(text)
     if state.stopped_at is not None:
         generated = generated[:state.stopped_at]
-    store.append_conversation(job_id, messages[-1], {"role": "assistant", "content": generated})
+    native = [call for call, chunk in state.native if chunk in generated]  # not cut by a sync stop
+    for chunk in [chunk for _, chunk in state.native]:
+        generated = generated.replace(chunk, "", 1)  # they go in `tool_calls`, as sent
+    answer = "".join(state.plain).strip()
+    if agent.model.native_tools and not state.tagged and state.actions == 0 and answer:
+        # a tool-calling model finishes by answering in plain text: that is the job's result
+        state.final = True
+        state.responses.append({"final": True, "text": answer})
+    assistant: dict[str, Any] = {"role": "assistant", "content": generated or None}
+    if native:
+        assistant["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+            "name": c.name, "arguments": c.raw_arguments or dumps(c.arguments or {})}}
+            for c in native]
+    elif assistant["content"] is None:
+        assistant["content"] = ""
+    store.append_conversation(job_id, *messages[len(messages) - fresh:], assistant)
     idle = state.actions == 0 and not state.final
     fields: dict[str, Any] = {
+        "native_calls": [{"id": c.id, "action_id": protocol_id(c.id)} for c in native],
         "planner": planner.to_json(), "pending_responses": state.responses,
         "final": state.final or job.final,
         "feedback": [{k: e[k] for k in ("kind", "message", "line", "column")} for e in state.errors],
@@ -316,6 +363,10 @@ def _handle(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
     for event in events:
         if state.stopped_at is not None:
             return
+        if event.type == p.TEXT:
+            state.plain.append(event.data["text"])
+        elif event.type != p.WARNING:
+            state.tagged = True
         if event.type == p.RESPONSE_END:
             state.responses.append({"final": event.data["final"], "text": event.data["text"]})
             state.final = state.final or event.data["final"]

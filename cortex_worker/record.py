@@ -26,7 +26,7 @@ DEFAULT_TENANT = "default"
 
 #: Fields stored as JSON, and flags stored as "1"/"0".
 _JSON_FIELDS = frozenset({"options", "model", "responses", "inputs", "actions", "output",
-                          "pending_responses", "feedback", "planner"})
+                          "pending_responses", "feedback", "planner", "native_calls"})
 _FLAGS = frozenset({"closed", "final", "remind"})
 
 
@@ -76,6 +76,7 @@ class JobRecord(BaseModel):
     feedback: list[dict[str, Any]] = []  # protocol errors for the next prompt
     planner: dict[str, Any] = {}  # the StreamPlanner, serialised
     pending_responses: list[dict[str, Any]] = []  # rendered when the turn's actions are done
+    native_calls: list[dict[str, Any]] = []  # the last turn's native tool calls (id, action_id)
     turn: int = 0  # the turn in progress (counted as it begins)
     turns: int | None = None  # turns run, once the job ended
     turn_owner: str = ""

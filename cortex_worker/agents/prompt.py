@@ -217,28 +217,35 @@ def format_results(results: list[dict[str, Any]], limit_chars: int = 4000) -> st
     """
     blocks = []
     for result in results:
-        ident = str(result["id"])
-        status = str(result.get("status", "ok"))
-        if status not in RESULT_STATUSES:
-            raise ValueError(
-                f"result {ident!r}: unknown status {status!r} "
-                f"(expected one of: {', '.join(RESULT_STATUSES)})"
-            )
-        if "value" in result:
-            payload = result["value"]
-        else:
-            payload = result.get("error", result.get("reason", ""))
-        body = _text(payload)
-        if len(body) > limit_chars:
-            more = len(body) - limit_chars
-            if status == "ok" and _NAME.match(ident):
-                hint = f"pass ${ident} to an action to use the whole value"
-            else:
-                hint = "the rest is not shown"
-            body = f"{body[:limit_chars]}\n[truncated: {more} more characters; {hint}]"
-        body = body.replace("</result>", "<\\/result>")
+        ident, status = str(result["id"]), str(result.get("status", "ok"))
+        body = result_body(result, limit_chars).replace("</result>", "<\\/result>")
         blocks.append(f"<result id={_attr(ident)} status={_attr(status)}>{body}</result>")
     return "\n".join(blocks)
+
+
+def result_body(result: Mapping[str, Any], limit_chars: int = 4000) -> str:
+    """What the model reads of one finished action (a `<result>` block's body, or a native
+    call's `tool` message): its value, or its error; cut past `limit_chars` with a hint."""
+    ident = str(result["id"])
+    status = str(result.get("status", "ok"))
+    if status not in RESULT_STATUSES:
+        raise ValueError(
+            f"result {ident!r}: unknown status {status!r} "
+            f"(expected one of: {', '.join(RESULT_STATUSES)})"
+        )
+    if "value" in result:
+        payload = result["value"]
+    else:
+        payload = result.get("error", result.get("reason", ""))
+    body = _text(payload)
+    if len(body) > limit_chars:
+        more = len(body) - limit_chars
+        if status == "ok" and _NAME.match(ident):
+            hint = f"pass ${ident} to an action to use the whole value"
+        else:
+            hint = "the rest is not shown"
+        body = f"{body[:limit_chars]}\n[truncated: {more} more characters; {hint}]"
+    return body
 
 
 def format_feeds(feeds: Mapping[str, Any], max_chars: int | None = None) -> str:

@@ -1,8 +1,9 @@
 """Streaming chat completions from an OpenAI-compatible endpoint, over plain httpx.
 
 * `stream_chat(config, messages, tools=)` yields `TextDelta`s as the server sends them, each
-  complete native `ToolCall` (assembled from its fragments) when the model finishes, and a
-  `Usage` at the end when the server reports one.
+  native `ToolCall` (assembled from its fragments) as soon as it is complete (when the next
+  call starts, or when the model finishes), and a `Usage` at the end when the server reports
+  one.
 * Retries: connection errors, timeouts, 408, 429 and 5xx are retried up to `config.max_retries`
   times with exponential backoff (0.25 s base, jitter, `Retry-After` honoured up to 10 s), but
   only while nothing has been yielded. Once the caller has seen a piece, a failure raises
@@ -197,10 +198,25 @@ class _ToolCallBuffer:
             elif isinstance(arguments, dict):  # some servers send the object itself
                 call["arguments"].append(json.dumps(arguments))
 
+    def complete_before(self, fragments: list[Any]) -> list[ToolCall]:
+        """The calls these fragments show to be complete: OpenAI streams one call's fragments
+        after another, so once a later index starts, every earlier one has all its arguments
+        (and can run while the model writes the next)."""
+        starts = [f.get("index", position) for position, f in enumerate(fragments)
+                  if isinstance(f, dict)]
+        if not starts or not all(isinstance(i, int) for i in [*starts, *self._calls]):
+            return []
+        return self._take([i for i in self._calls if i < min(starts)])
+
     def flush(self) -> list[ToolCall]:
-        calls = [ToolCall.from_raw(c["id"] or f"call_{index}", c["name"], "".join(c["arguments"]))
-                 for index, c in self._calls.items()]  # first-seen order: the index order
-        self._calls.clear()
+        return self._take(list(self._calls))  # first-seen order: the index order
+
+    def _take(self, indexes: list[int]) -> list[ToolCall]:
+        calls = []
+        for index in indexes:
+            c = self._calls.pop(index)
+            calls.append(ToolCall.from_raw(c["id"] or f"call_{index}", c["name"],
+                                           "".join(c["arguments"])))
         return calls
 
 
@@ -251,6 +267,7 @@ def _parse_stream(url: str, lines: Iterator[str]) -> Iterator[Piece]:
                 if content:
                     yield TextDelta(content)
                 if delta.get("tool_calls"):
+                    yield from calls.complete_before(delta["tool_calls"])
                     calls.add(delta["tool_calls"])
                 if choice.get("finish_reason"):
                     finished = True

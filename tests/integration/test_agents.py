@@ -431,15 +431,55 @@ def test_native_tool_calls_become_actions(api: Any, llm: FakeLLM) -> None:
     assert [t["function"]["name"] for t in first["tools"]] == ["echo", "calculator"]
     assert all(t["type"] == "function" and t["function"]["parameters"]["type"] == "object"
                for t in first["tools"])
+    # the conversation as the model was trained on it: its calls in `tool_calls`, then one
+    # `tool` message per call, in call order (not completion order), and no user message
+    history = messages(llm, model, 1)
+    assert history[1] == {"role": "assistant", "content": "<thought>Both at once.</thought>",
+                          "tool_calls": [
+        {"id": "call_echo", "type": "function",
+         "function": {"name": "echo", "arguments": '{"message": "ping"}'}},
+        {"id": "call_calc", "type": "function",
+         "function": {"name": "calculator", "arguments": '{"expression": "6*7"}'}}]}
+    assert history[2:] == [{"role": "tool", "tool_call_id": "call_echo", "content": "ping"},
+                           {"role": "tool", "tool_call_id": "call_calc", "content": "42"}]
+    assert view(api, job_id)["result"] == "echo: ping, 6*7 = 42."
+
+
+def test_a_native_tools_model_that_answers_in_plain_text_ends_the_job(api: Any, llm: FakeLLM) -> None:
+    """How tool-calling models finish: no tags, no calls, just the answer."""
+    model = unique("plain")
+    llm.script(model, [
+        turn(tool_calls=[{"id": "call_x", "name": "calculator", "arguments": {"expression": "2+2"}}]),
+        turn("The answer is 4."),
+    ])
+
+    job_id, events = run_agent(api, "native", "Add.", model=model)
+
+    job = view(api, job_id)
+    assert (job["status"], job["result"]) == ("completed", "The answer is 4.")
+    assert of(events, "response_end")[-1]["data"] == {"final": True, "text": "The answer is 4."}
+    assert len(llm.requests(model)) == 2  # no reminder turn
+    assert messages(llm, model, 1)[-1] == {"role": "tool", "tool_call_id": "call_x", "content": "4"}
+
+
+def test_native_calls_and_protocol_actions_mix_in_one_turn(api: Any, llm: FakeLLM) -> None:
+    model = unique("mixed")
+    llm.script(model, [
+        turn("<thought>One of each.</thought>" + act("t", "echo", {"message": "text"}, mode="async"),
+             tool_calls=[{"id": "call_n", "name": "echo", "arguments": {"message": "native"}}]),
+        turn(final("$t and $call_n")),
+    ])
+
+    job_id, events = run_agent(api, "native", "Mix.", model=model)
+
+    assert view(api, job_id)["result"] == "text and native"
+    assert {e["data"]["action_id"] for e in of(events, "action_completed")} == {"t", "call_n"}
     history = messages(llm, model, 1)
     assert history[1]["role"] == "assistant"
-    assert history[1]["content"].startswith("<thought>Both at once.</thought>")
-    assert '<action type="tool" mode="async" id="call_echo">' in history[1]["content"]
-    assert '<action type="tool" mode="async" id="call_calc">' in history[1]["content"]
-    assert sorted(history[2]["content"].split("\n")) == [
-        '<result id="call_calc" status="ok">42</result>',
-        '<result id="call_echo" status="ok">ping</result>']
-    assert view(api, job_id)["result"] == "echo: ping, 6*7 = 42."
+    assert history[1]["content"].startswith("<thought>One of each.</thought><action")
+    assert [c["id"] for c in history[1]["tool_calls"]] == ["call_n"]
+    assert history[2] == {"role": "tool", "tool_call_id": "call_n", "content": "native"}
+    assert history[3] == {"role": "user", "content": '<result id="t" status="ok">text</result>'}
 
 
 def test_parallel_tool_calls_run_in_parallel(api: Any, llm: FakeLLM) -> None:

@@ -121,6 +121,24 @@ def test_tool_calls_are_assembled_from_fragments(llm: FakeLLM, model: str) -> No
     assert kinds[-1] == "Usage"
 
 
+def test_each_tool_call_is_yielded_once_the_next_one_starts(llm: FakeLLM, model: str) -> None:
+    """A call is complete when a later index starts: it can run while the model streams the
+    next one, instead of waiting for the end of the message."""
+    calls = [{"id": "call_1", "name": "echo", "arguments": {"message": "first"}},
+             {"id": "call_2", "name": "echo", "arguments": {"message": "x" * 200}}]
+    # the second call's arguments take about 0.5 s to stream (4 characters per 10 ms)
+    llm.script(model, [Turn(tool_calls=calls, chunk_chars=4, tokens_per_second=100)])
+    seen: list[tuple[float, Any]] = []
+    for piece in gateway.stream_chat(config(llm, model), MESSAGES):
+        seen.append((time.monotonic(), piece))
+    ended = time.monotonic()
+    first, second = [(at, piece) for at, piece in seen if isinstance(piece, ToolCall)]
+    assert (first[1].id, second[1].id) == ("call_1", "call_2")
+    assert first[1].arguments == {"message": "first"}
+    assert ended - first[0] > 0.25  # yielded while the second call was still streaming
+    assert second[1].arguments == {"message": "x" * 200}
+
+
 def test_usage_is_reported_last_and_only_when_sent(llm: FakeLLM, model: str) -> None:
     llm.script(model, [Turn(text="x" * 40), Turn(text="y" * 40, usage=False)])
     pieces = list(gateway.stream_chat(config(llm, model), MESSAGES))
