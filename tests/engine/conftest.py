@@ -1,0 +1,90 @@
+"""Fixtures for the in-process engine tests: a real Redis, `StubBroker` instead of Celery.
+
+The engine (jobs, kinds, executor, coordinator, reconciler, the store's Lua scripts) runs in
+this process: every message it sends goes to a `cortex_worker.testing.StubBroker`, whose
+`join()` runs the tasks here, in order. No Celery worker, no broker connection; the state
+lives in a private redis-server (one per session, flushed before each test), as in
+production, so the Lua scripts are the real ones. Every test here is marked `engine`.
+
+While this package runs, the process's settings read `CORTEX_REDIS_URL` (the private Redis),
+`CORTEX_MANIFESTS` (tests/manifests) and `CORTEX_WORKSPACE_ROOT` (a temp dir), and no other
+`CORTEX_*` variable; the cached settings, store and registry (`cortex_worker.runtime`) are
+dropped on the way in and out, so other test packages see their own again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cortex_worker import dispatch, job_ends, runtime
+from cortex_worker.settings import get_settings
+from cortex_worker.store import Store
+from cortex_worker.testing import StubBroker
+from tests import harness
+
+HERE = Path(__file__).resolve().parent
+MANIFESTS_DIR = HERE.parent / "manifests"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.path)).resolve().is_relative_to(HERE):
+            item.add_marker(pytest.mark.engine)
+
+
+def _clear_caches() -> None:
+    for cached in (runtime.get_job_ends, runtime.get_registry, runtime.get_store, get_settings):
+        cached.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def engine_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.RedisServer]:
+    """A private redis-server (memory only) for the whole session."""
+    where = tmp_path_factory.mktemp("engine-redis")
+    with harness.RedisServer(log_dir=where, data_dir=where / "data") as server:
+        yield server
+        # An agent turn started this process's job-end listener (`runtime.get_job_ends`: a
+        # daemon thread without a stop) on this Redis; it would log its reconnects until exit.
+        logging.getLogger(job_ends.__name__).disabled = True
+
+
+@pytest.fixture(scope="package")
+def engine_runtime(engine_redis: harness.RedisServer,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """This process's settings, store and registry point at the private Redis and the test
+    manifests while the package runs; the environment and caches are restored after."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key in list(os.environ):
+            if key.startswith("CORTEX_"):
+                patch.delenv(key)
+        patch.chdir(tmp_path_factory.mktemp("engine-cwd"))  # no `.env` file is read
+        patch.setenv("CORTEX_REDIS_URL", engine_redis.url)
+        patch.setenv("CORTEX_MANIFESTS", str(MANIFESTS_DIR))
+        patch.setenv("CORTEX_WORKSPACE_ROOT", str(tmp_path_factory.mktemp("engine-workspaces")))
+        _clear_caches()
+        try:
+            yield
+        finally:
+            _clear_caches()
+
+
+@pytest.fixture
+def store(engine_runtime: None, engine_redis: harness.RedisServer) -> Store:
+    """The process's `Store` (`runtime.get_store()`, which the engine uses), on an empty Redis."""
+    assert get_settings().redis_url == engine_redis.url  # never flush another Redis
+    store = runtime.get_store()
+    store.redis.flushdb()
+    return store
+
+
+@pytest.fixture
+def broker(store: Store) -> Iterator[StubBroker]:
+    """A `StubBroker` installed as the process's broker for the test."""
+    stub = StubBroker()
+    with dispatch.use_broker(stub):
+        yield stub

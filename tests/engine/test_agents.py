@@ -1,0 +1,100 @@
+"""Agent jobs in-process: turns (`coordinator`) against the fake model server of the tests.
+
+`tests/fake_llm.py`'s FakeLLM serves on loopback from a thread of this process; the test
+agents' `base_url` is `${CORTEX_TEST_LLM_URL}`, read when a request is made. Each turn task
+runs here as the stub takes it, then the actions it sent, then the next turn.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cortex_worker import dispatch, jobs
+from cortex_worker.options import JobOptions
+from cortex_worker.store import Store
+from cortex_worker.testing import StubBroker
+from tests.engine.helpers import events, of, one, status
+from tests.fake_llm import FakeLLM, Turn
+
+FAST = 5000.0  # tokens per second: a turn streams in a few milliseconds
+
+
+@pytest.fixture(scope="module")
+def fake_llm() -> Iterator[FakeLLM]:
+    with FakeLLM() as server:
+        yield server
+
+
+@pytest.fixture
+def llm(fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> FakeLLM:
+    monkeypatch.setenv("CORTEX_TEST_LLM_URL", fake_llm.url)
+    return fake_llm
+
+
+def act(ident: str, name: str, params: dict[str, Any], mode: str = "sync",
+        kind: str = "tool") -> str:
+    body = json.dumps({"name": name, "parameters": params})
+    return f'<action type="{kind}" mode="{mode}" id="{ident}">{body}</action>'
+
+
+def turn(text: str) -> Turn:
+    return Turn(text=text, tokens_per_second=FAST)
+
+
+def final(text: str) -> str:
+    return f'<response final="true">{text}</response>'
+
+
+def test_an_agent_runs_an_action_then_answers(store: Store, broker: StubBroker,
+                                             llm: FakeLLM) -> None:
+    model = f"engine-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [
+        turn("<thought>Add them.</thought>" + act("sum", "calculator", {"expression": "19 + 23"})),
+        turn(final("The sum is $sum.")),
+    ])
+    job_id = jobs.submit_agent(store, "tester", "Add 19 and 23.", options=JobOptions(model=model))
+    assert [m.name for m in broker.messages()] == [dispatch.TURN_TASK]
+    broker.join()
+
+    assert status(store, job_id) == "completed"
+    assert [m.name for m in broker.ran] == [dispatch.TURN_TASK, dispatch.ACTION_TASK,
+                                            dispatch.TURN_TASK]
+    log = events(store, job_id)
+    assert one(log, "action_completed", "sum")["result"] == 42
+    assert [e["data"]["turn"] for e in of(log, "turn_completed")] == [1, 2]
+    assert one(log, "response_end") == {"final": True, "text": "The sum is 42."}
+    assert log[-1]["data"] == {"status": "completed", "result": "The sum is 42.", "error": None,
+                               "turns": 2}
+    second = llm.requests(model)[1]["messages"]
+    assert second[-1] == {"role": "user", "content": '<result id="sum" status="ok">42</result>'}
+    assert llm.remaining(model) == 0
+
+
+def test_an_agent_action_runs_a_child_agent(store: Store, broker: StubBroker,
+                                            llm: FakeLLM) -> None:
+    model = f"engine-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [
+        turn(act("ask", "helper", {"input": "What is 2+3?"}, kind="agent")),
+        turn(final("The helper says: $ask")),
+    ])
+    llm.script("helper", [turn(act("c", "calculator", {"expression": "2+3"})),
+                          turn(final("2+3 = $c"))])
+    job_id = jobs.submit_agent(store, "tester", "Delegate.", options=JobOptions(model=model))
+    broker.join()
+
+    assert status(store, job_id) == "completed"
+    child_id = jobs.child_job_id(job_id, "ask")
+    log = events(store, job_id)
+    assert one(log, "child_job") == {"action_id": "ask", "job_id": child_id}
+    assert one(log, "action_completed", "ask")["result"] == "2+3 = 5"
+    assert log[-1]["data"]["result"] == "The helper says: 2+3 = 5"
+    child = store.get_job(child_id)
+    assert child is not None
+    assert (child.kind, child.agent, child.status, child.depth) == ("agent", "helper",
+                                                                   "completed", 1)
+    assert llm.remaining(model) == 0 and llm.remaining("helper") == 0

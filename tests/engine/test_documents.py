@@ -1,0 +1,325 @@
+"""Document jobs through the engine in-process: submit, `broker.join()`, then the job's state.
+
+Each test drives the public job functions (`jobs.submit_document`, `jobs.cancel_job`) and the
+Celery tasks as the stub runs them; assertions are on the event log, the variables and the
+messages the engine sent (`broker.sent`).
+"""
+
+from __future__ import annotations
+
+from cortex_worker import dispatch, jobs
+from cortex_worker.options import JobOptions
+from cortex_worker.store import TERMINAL, Store
+from cortex_worker.testing import CANVAS, StubBroker
+from tests.engine.helpers import action, events, of, one, status
+
+READINESS = JobOptions(canvas=False)
+
+
+def actions_run(broker: StubBroker, job_id: str) -> list[str]:
+    """Ids of the action messages of `job_id` that ran, in order."""
+    return [m.args[1] for m in broker.ran
+            if m.name == dispatch.ACTION_TASK and m.args[0] == job_id]
+
+
+def test_document_completes_with_its_events_and_variables(store: Store,
+                                                           broker: StubBroker) -> None:
+    doc = (action("a", "echo", {"message": "hi"})
+           + action("b", "calculator", {"expression": "40 + 2"}, depends_on=["a"],
+                    output_key="total")
+           + action("c", "echo", {"message": "$a!"}, depends_on=["a"])
+           + action("d", "echo", {"message": {"t": "$total", "c": "$c"}}, depends_on=["b", "c"])
+           + "<response>total=$total c=$c</response>")
+    job_id = jobs.submit_document(store, doc, options=READINESS)
+    assert [(m.name, m.queue, m.task_id) for m in broker.messages()] == [
+        (dispatch.START_TASK, "agent", f"{job_id}:start")]
+    assert status(store, job_id) == "queued"
+
+    assert broker.join() == 5
+    assert status(store, job_id) == "completed"
+    job = store.get_job(job_id)
+    assert job is not None and job.dispatch == "readiness"
+    assert job.result == "total=42 c=hi!"
+    assert [(m.name, m.queue, m.task_id) for m in broker.sent[1:]] == [
+        (dispatch.ACTION_TASK, "tool", f"{job_id}:{a}") for a in "abcd"]
+    assert actions_run(broker, job_id) == ["a", "b", "c", "d"]
+
+    log = events(store, job_id)
+    kinds = [e["type"] for e in log]
+    assert kinds[:2] == ["job_queued", "job_started"]
+    assert kinds[-2:] == ["response_end", "job_completed"]
+    for a in "abcd":
+        assert one(log, "action_queued", a) and one(log, "action_started", a)
+    assert one(log, "action_completed", "b")["result"] == 42
+    assert one(log, "action_completed", "c")["result"] == "hi!"
+    assert one(log, "action_completed", "d")["result"] == {"t": 42, "c": "hi!"}
+    seq = {(e["type"], e["data"].get("action_id")): e["seq"] for e in log}
+    for later, earlier in (("b", "a"), ("c", "a"), ("d", "b"), ("d", "c")):
+        assert seq[("action_queued", later)] > seq[("action_completed", earlier)]
+    assert one(log, "response_end")["text"] == "total=42 c=hi!"
+    assert one(log, "job_completed")["status"] == "completed"
+    assert store.variables(job_id, ["a", "b", "total", "c", "d"]) == {
+        "a": "hi", "b": 42, "total": 42, "c": "hi!", "d": {"t": 42, "c": "hi!"}}
+    assert store.action_statuses(job_id) == dict.fromkeys("abcd", "ok")
+    assert store.active_jobs() == []
+
+
+def test_a_failed_dependency_skips_its_dependents(store: Store, broker: StubBroker) -> None:
+    doc = (action("bad", "fail", {"message": "boom"})
+           + action("after", "echo", {"message": "$bad"}, depends_on=["bad"])
+           + action("chained", "echo", {"message": "$after"}, depends_on=["after"])
+           + action("rescue", "echo", {"message": "$bad"}, depends_on=["bad"],
+                    on_error="continue")
+           + action("free", "echo", {"message": "unrelated"}))
+    job_id = jobs.submit_document(store, doc, options=READINESS)
+    broker.join()
+    assert status(store, job_id) == "failed"
+    log = events(store, job_id)
+    assert "boom" in one(log, "action_failed", "bad")["error"]
+    assert one(log, "action_skipped", "after")["reason"] == "dependency bad did not succeed"
+    assert one(log, "action_skipped", "chained")["reason"] == "dependency after did not succeed"
+    rescued = one(log, "action_completed", "rescue")["result"]
+    assert rescued["status"] == "error" and "boom" in rescued["error"]
+    assert one(log, "action_completed", "free")["result"] == "unrelated"
+    assert sorted(actions_run(broker, job_id)) == ["bad", "free", "rescue"]  # never the skipped
+    assert store.action_statuses(job_id) == {
+        "bad": "error", "after": "skipped", "chained": "skipped", "rescue": "ok", "free": "ok"}
+    assert one(log, "job_failed")["error"] == "1 action(s) failed"
+
+
+def test_fail_fast_fails_the_job_and_cancels_the_rest(store: Store, broker: StubBroker) -> None:
+    doc = (action("bad", "fail", {"message": "nope"})
+           + action("other", "echo", {"message": "x"})
+           + action("after", "echo", {"message": "$other"}, depends_on=["other"]))
+    job_id = jobs.submit_document(store, doc, options=JobOptions(fail_fast=True, canvas=False))
+    broker.step()  # the start: `bad` and `other` are sent
+    assert [m.args[1] for m in broker.messages(dispatch.ACTION_TASK)] == ["bad", "other"]
+    broker.join()
+    assert status(store, job_id) == "failed"
+    assert actions_run(broker, job_id) == ["bad"]  # `other` was revoked while queued
+    assert f"{job_id}:other" in broker.revoked
+    assert [m.state for m in broker.messages(task_id=f"{job_id}:other", sent=True)] == ["revoked"]
+    log = events(store, job_id)
+    failed = one(log, "job_failed")
+    assert failed["reason"].startswith("fail_fast: action 'bad' ended error: ")
+    assert "nope" in failed["reason"]
+    assert store.action_statuses(job_id) == {"bad": "error", "other": "cancelled",
+                                             "after": "cancelled"}
+    assert one(log, "action_cancelled", "other") and one(log, "action_cancelled", "after")
+    assert of(log, "action_started", "other") == []
+    assert log[-1]["type"] == "job_failed"
+
+
+def test_max_parallel_parks_actions_and_releases_them(store: Store, broker: StubBroker) -> None:
+    doc = "".join(action(f"n{i}", "echo", {"message": i}) for i in range(4))
+    job_id = jobs.submit_document(store, doc, options=JobOptions(max_parallel=2))
+    broker.step()  # the start
+    assert store.get_job(job_id).dispatch == "readiness"  # type: ignore[union-attr]  # too wide for a canvas
+    assert store.action_statuses(job_id) == {"n0": "queued", "n1": "queued",
+                                             "n2": "waiting", "n3": "waiting"}
+    assert [m.args[1] for m in broker.messages(dispatch.ACTION_TASK)] == ["n0", "n1"]
+    most = 0
+    while broker.step() is not None:
+        statuses = store.action_statuses(job_id)
+        busy = [a for a, s in statuses.items() if s in ("queued", "running")]
+        most = max(most, len(busy))
+        queued = {m.args[1] for m in broker.messages(dispatch.ACTION_TASK)}
+        assert queued == set(busy)  # a released action was sent; a parked one was not
+    assert most == 2
+    assert status(store, job_id) == "completed"
+    assert actions_run(broker, job_id) == ["n0", "n1", "n2", "n3"]
+    log = events(store, job_id)
+    seq = {(e["type"], e["data"].get("action_id")): e["seq"] for e in log}
+    assert seq[("action_queued", "n2")] > seq[("action_completed", "n0")]
+    assert seq[("action_queued", "n3")] > seq[("action_completed", "n1")]
+
+
+def test_cancel_mid_plan_runs_nothing_more(store: Store, broker: StubBroker) -> None:
+    doc = (action("first", "echo", {"message": 1})
+           + action("second", "echo", {"message": "$first"}, depends_on=["first"])
+           + action("third", "echo", {"message": "$second"}, depends_on=["second"])
+           + action("side", "echo", {"message": "$first"}, depends_on=["first"]))
+    job_id = jobs.submit_document(store, doc, options=READINESS)
+    broker.step()  # the start
+    broker.step()  # `first`: it sends `second` and `side`
+    assert store.action_status(job_id, "first") == "ok"
+    assert {m.args[1] for m in broker.messages(dispatch.ACTION_TASK)} == {"second", "side"}
+
+    assert jobs.cancel_job(store, job_id) is True
+    assert jobs.cancel_job(store, job_id) is False  # once
+    assert broker.messages() == []  # the queued actions were revoked
+    assert set(broker.revoked) == {f"{job_id}:second", f"{job_id}:side"}
+    broker.join()
+    assert actions_run(broker, job_id) == ["first"]
+    assert status(store, job_id) == "cancelled"
+    assert store.action_statuses(job_id) == {"first": "ok", "second": "cancelled",
+                                             "third": "cancelled", "side": "cancelled"}
+    log = events(store, job_id)
+    for a in ("first", "second", "third", "side"):  # every action ends once
+        assert len([e for e in log if e["data"].get("action_id") == a
+                    and e["type"] in ("action_completed", "action_failed", "action_skipped",
+                                      "action_cancelled")]) == 1
+    assert one(log, "job_cancelled")["reason"] == "cancelled by request"
+    assert log[-1]["type"] == "job_cancelled"
+    results = store.results(job_id, ["first", "second", "third", "side"])
+    assert len(results) == 4 and all(r["status"] in TERMINAL for r in results.values())
+
+
+def test_cancelled_job_ignores_a_message_that_was_already_taken(store: Store,
+                                                                 broker: StubBroker) -> None:
+    doc = action("first", "echo", {"message": 1}) + action("second", "echo", {"message": 2})
+    job_id = jobs.submit_document(store, doc, options=READINESS)
+    broker.step()  # the start
+    broker.step()  # `first`
+    (taken,) = broker.drop(task_id=f"{job_id}:second")  # a worker took it before the cancel
+    jobs.cancel_job(store, job_id)
+    late = broker.send_task(taken.name, taken.args, queue=taken.queue, task_id=taken.task_id)
+    broker.join()
+    assert late.get() == "stop"  # it runs after the cancel: nothing is started
+    log = events(store, job_id)
+    assert of(log, "action_started", "second") == []
+    assert store.action_statuses(job_id) == {"first": "ok", "second": "cancelled"}
+    assert log[-1]["type"] == "job_cancelled"
+
+
+def test_a_canvas_plan_completes_through_the_stub(store: Store, broker: StubBroker) -> None:
+    doc = (action("a", "echo", {"message": 1})
+           + action("b", "calculator", {"expression": "$a + 1"}, depends_on=["a"])
+           + action("c", "calculator", {"expression": "$a + 2"}, depends_on=["a"])
+           + action("d", "echo", {"message": ["$b", "$c"]}, depends_on=["b", "c"])
+           + action("e", "calculator", {"expression": "${d.0} * 10"}, depends_on=["d"])
+           + "<response>$e</response>")
+    job_id = jobs.submit_document(store, doc, options=JobOptions(canvas=True))
+    broker.join()
+    assert status(store, job_id) == "completed"
+    assert store.get_job(job_id).dispatch == "canvas"  # type: ignore[union-attr]
+    canvases = [m for m in broker.sent if m.name == CANVAS]
+    assert len(canvases) == 1 and canvases[0].queue == "tool"
+    assert [m.name for m in broker.sent] == [dispatch.START_TASK, CANVAS]  # no action message
+    log = events(store, job_id)
+    assert [e["data"]["action_id"] for e in of(log, "action_started")] == list("abcde")
+    assert one(log, "action_completed", "d")["result"] == [2, 3]
+    assert one(log, "action_completed", "e")["result"] == 20
+    assert store.get_job(job_id).result == "20"  # type: ignore[union-attr]
+
+
+def test_a_failure_in_a_canvas_skips_the_rest_of_its_chain(store: Store,
+                                                           broker: StubBroker) -> None:
+    doc = (action("a", "echo", {"message": 1})
+           + action("bad", "fail", {"message": "in the chain"}, depends_on=["a"])
+           + action("after", "echo", {"message": "$bad"}, depends_on=["bad"]))
+    job_id = jobs.submit_document(store, doc, options=JobOptions(canvas=True))
+    broker.join()
+    assert store.get_job(job_id).dispatch == "canvas"  # type: ignore[union-attr]
+    assert status(store, job_id) == "failed"
+    log = events(store, job_id)
+    assert one(log, "action_skipped", "after")["reason"] == "dependency bad did not succeed"
+    assert of(log, "action_started", "after") == []
+    assert store.action_statuses(job_id) == {"a": "ok", "bad": "error", "after": "skipped"}
+
+
+def test_a_redelivered_action_is_recorded_once(store: Store, broker: StubBroker) -> None:
+    doc = (action("a", "echo", {"message": "once"})
+           + action("b", "echo", {"message": "$a"}, depends_on=["a"]))
+    job_id = jobs.submit_document(store, doc, options=READINESS)
+    broker.step()  # the start sends `a`
+    (sent,) = broker.messages(dispatch.ACTION_TASK)
+    again = broker.send_task(sent.name, sent.args, queue=sent.queue, task_id=sent.task_id)
+    broker.step()
+    assert broker.step() is again.message
+    assert again.get() == "done"  # its result was recorded: it did not run again
+    broker.join()
+    assert status(store, job_id) == "completed"
+    assert actions_run(broker, job_id) == ["a", "a", "b", "b"]  # the duplicate re-sent `b`
+    log = events(store, job_id)
+    for a in "ab":
+        assert one(log, "action_started", a)["attempt"] == 1
+        assert one(log, "action_completed", a)
+    assert one(log, "job_completed")
+    result = store.results(job_id, ["a"])["a"]
+    assert (result["status"], result["value"], result["attempt"]) == ("ok", "once", 1)
+
+
+def test_a_start_delivered_twice_starts_the_job_once(store: Store, broker: StubBroker) -> None:
+    job_id = jobs.submit_document(store, action("a", "echo", {"message": 1}),
+                                  options=READINESS)
+    dispatch.start_job(job_id)  # as a redelivery would
+    broker.join()
+    log = events(store, job_id)
+    assert one(log, "job_started") and one(log, "action_started", "a")
+    assert one(log, "job_completed")
+
+
+def test_invoke_runs_its_target_and_returns_the_value(store: Store, broker: StubBroker) -> None:
+    spec = {"id": "feed", "type": "tool", "name": "calculator",
+            "parameters": {"expression": "6 * 7"}}
+    assert dispatch.invoke(spec, timeout=5, job_id="j") == 42
+    assert [(m.name, m.queue, m.state) for m in broker.sent] == [
+        (dispatch.INVOKE_TASK, "tool", "done")]
+
+
+def test_a_cancel_before_the_start_runs_nothing(store: Store, broker: StubBroker) -> None:
+    job_id = jobs.submit_document(store, action("a", "echo", {"message": 1}))
+    assert jobs.cancel_job(store, job_id) is True
+    broker.join()  # the start still comes: it finds the job ended
+    assert [(m.name, m.state) for m in broker.ran] == [(dispatch.START_TASK, "done")]
+    log = events(store, job_id)
+    assert [e["type"] for e in log] == ["job_queued", "job_cancelled"]
+    assert store.action_statuses(job_id) == {}
+
+
+def test_a_cancel_before_the_canvas_runs_starts_nothing(store: Store,
+                                                        broker: StubBroker) -> None:
+    doc = (action("a", "echo", {"message": 1})
+           + action("b", "echo", {"message": "$a"}, depends_on=["a"]))
+    job_id = jobs.submit_document(store, doc, options=JobOptions(canvas=True))
+    broker.step()  # the start sends the canvas
+    assert [m.name for m in broker.messages()] == [CANVAS]
+    jobs.cancel_job(store, job_id)
+    broker.join()  # the canvas runs all the same: each step finds its job ended
+    log = events(store, job_id)
+    assert of(log, "action_started") == []
+    assert store.action_statuses(job_id) == {"a": "cancelled", "b": "cancelled"}
+    assert log[-1]["type"] == "job_cancelled"
+
+
+def test_fail_fast_in_a_canvas_stops_the_other_steps(store: Store, broker: StubBroker) -> None:
+    doc = (action("bad", "fail", {"message": "first"})
+           + action("other", "echo", {"message": 1})
+           + action("last", "echo", {"message": "$other"}, depends_on=["bad", "other"]))
+    job_id = jobs.submit_document(store, doc, options=JobOptions(canvas=True, fail_fast=True))
+    broker.join()
+    assert store.get_job(job_id).dispatch == "canvas"  # type: ignore[union-attr]
+    assert status(store, job_id) == "failed"
+    log = events(store, job_id)
+    assert [e["data"]["action_id"] for e in of(log, "action_started")] == ["bad"]
+    assert store.action_statuses(job_id) == {"bad": "error", "other": "cancelled",
+                                             "last": "cancelled"}
+    assert log[-1]["type"] == "job_failed"
+
+
+def test_a_failed_attempt_is_retried(store: Store, broker: StubBroker) -> None:
+    doc = action("f", "flaky", {"key": "k", "failures": 1}, retry=1)
+    job_id = jobs.submit_document(store, doc, options=READINESS)
+    broker.join()
+    assert status(store, job_id) == "completed"
+    assert actions_run(broker, job_id) == ["f"]  # retried within its task
+    log = events(store, job_id)
+    assert [e["data"]["attempt"] for e in of(log, "action_started", "f")] == [1, 2]
+    assert one(log, "action_retrying", "f")["attempt"] == 1
+    assert one(log, "action_completed", "f")["result"] == {"key": "k", "attempts": 2}
+
+
+def test_a_skip_frees_the_slots_of_parked_actions(store: Store, broker: StubBroker) -> None:
+    doc = (action("bad", "fail", {"message": "x"})
+           + action("after", "echo", {"message": "$bad"}, depends_on=["bad"])
+           + action("free1", "echo", {"message": 1})
+           + action("free2", "echo", {"message": 2}))
+    job_id = jobs.submit_document(store, doc, options=JobOptions(max_parallel=1))
+    broker.join()
+    assert store.action_statuses(job_id) == {"bad": "error", "after": "skipped",
+                                             "free1": "ok", "free2": "ok"}
+    assert actions_run(broker, job_id) == ["bad", "free1", "free2"]
+    assert status(store, job_id) == "failed"
+    job = store.get_job(job_id)
+    assert job is not None and job.running == 0
