@@ -31,21 +31,34 @@ def drop_queue(stack: Stack, queue: str) -> int:
     return int(pipe.execute()[0])
 
 
+def lose_first_message(stack: Stack, doc: str, canvas: bool) -> tuple[str, float]:
+    """Submit `doc` while no tool worker runs, drop the one message it sends to the tool
+    queue (a chain holds every later step), and start a tool worker again."""
+    stack.kill_worker("tool")
+    try:
+        job_id = stack.submit({"protocol": doc, "options": {"canvas": canvas}})
+        stack.wait_event(job_id, lambda e: e["type"] == "action_queued")
+        expected = "canvas" if canvas else "readiness"
+        assert stack.client.hget(f"cx:{{{job_id}}}:job", "dispatch") == expected
+        assert drop_queue(stack, "tool") == 1
+        return job_id, time.time()
+    finally:
+        stack.replace_worker("tool")
+
+
+def completed(stack: Stack, job_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    job = stack.wait_ended(job_id, timeout=RECOVERY_S + 20)
+    events = stack.events(job_id)
+    assert job["status"] == "completed", [e["type"] for e in events]
+    return job, events
+
+
 def test_a_lost_queued_action_is_sent_again(stack: Stack) -> None:
     doc = (tool("a", "echo", {"message": "first"})
            + tool("b", "echo", {"message": "$a"}, depends_on=["a"])
            + "<response>$b</response>")
-    stack.kill_worker("tool")
-    try:
-        job_id = stack.submit({"protocol": doc, "options": {"canvas": False}})
-        stack.wait_event(job_id, lambda e: e["type"] == "action_queued")
-        assert drop_queue(stack, "tool") == 1  # the action's only message
-        lost_at = time.time()
-    finally:
-        stack.replace_worker("tool")
-    job = stack.wait_ended(job_id, timeout=RECOVERY_S + 20)
-    events = stack.events(job_id)
-    assert job["status"] == "completed", [e["type"] for e in events]
+    job_id, lost_at = lose_first_message(stack, doc, canvas=False)
+    _, events = completed(stack, job_id)
     again = warnings(events, "action_redriven")
     assert [w["data"]["action_id"] for w in again] == ["a"]
     assert "no worker took it" in again[0]["data"]["message"]
@@ -60,17 +73,8 @@ def test_a_lost_canvas_step_runs_by_readiness(stack: Stack) -> None:
            + tool("b", "echo", {"message": "$a"}, depends_on=["a"])
            + tool("c", "echo", {"message": "$b"}, depends_on=["b"])
            + "<response>$c</response>")
-    stack.kill_worker("tool")
-    try:
-        job_id = stack.submit({"protocol": doc, "options": {"canvas": True}})
-        stack.wait_event(job_id, lambda e: e["type"] == "action_queued")
-        assert stack.client.hget(f"cx:{{{job_id}}}:job", "dispatch") == "canvas"
-        assert drop_queue(stack, "tool") == 1  # the chain: a, then b, then c
-    finally:
-        stack.replace_worker("tool")
-    job = stack.wait_ended(job_id, timeout=RECOVERY_S + 20)
-    events = stack.events(job_id)
-    assert job["status"] == "completed", [e["type"] for e in events]
+    job_id, _ = lose_first_message(stack, doc, canvas=True)  # the chain: a, then b, then c
+    job, events = completed(stack, job_id)
     assert job["result"] == "one"
     for action in "abc":
         assert len(of(events, "action_completed", action)) == 1
@@ -85,9 +89,7 @@ def test_a_lost_start_is_sent_again(stack: Stack) -> None:
         assert drop_queue(stack, "agent") == 1  # its `cortex.start_job`
     finally:
         stack.replace_worker("agent")
-    job = stack.wait_ended(job_id, timeout=RECOVERY_S + 20)
-    events = stack.events(job_id)
-    assert job["status"] == "completed", [e["type"] for e in events]
+    _, events = completed(stack, job_id)
     assert len(warnings(events, "start_redriven")) == 1
     assert len(of(events, "job_started")) == 1
 
