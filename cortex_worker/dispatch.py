@@ -19,8 +19,9 @@ from cortex_worker.app import app
 from cortex_worker.plan.canvas import Step, to_canvas
 from cortex_worker.runtime import get_registry
 
+#: Both dispatch paths run actions through this task: readiness sends (job id, action id,
+#: spec, True), a canvas step (job id, action id) only.
 ACTION_TASK = "cortex.action"
-CANVAS_TASK = "cortex.action.canvas"
 START_TASK = "cortex.start_job"
 TURN_TASK = "cortex.agent_turn"
 INVOKE_TASK = "cortex.invoke"
@@ -136,10 +137,13 @@ def send(job_id: str, specs: Iterable[Mapping[str, Any]], countdown: float | Non
 def send_canvas(job_id: str, step: Step, specs: Mapping[str, Mapping[str, Any]]) -> None:
     """Send a whole series-parallel plan as one canvas mirroring its structure."""
     def signature(action_id: str) -> Any:
-        # small: a chain's message carries every later step, so no argsrepr (the args are
-        # the job and action ids already) and no default arguments
-        return app.signature(CANVAS_TASK, args=[job_id, action_id], immutable=True,
-                             queue=queue_of(specs[action_id]), task_id=task_id(job_id, action_id))
+        # Small: a chain's message carries every later step. Only the ids (the task reads the
+        # spec), no argsrepr (the args are the ids already), and an empty reply_to, which
+        # Celery would otherwise fill with a 36-character id per step that no Cortex result
+        # backend reads.
+        return app.signature(ACTION_TASK, args=[job_id, action_id], immutable=True,
+                             queue=queue_of(specs[action_id]), task_id=task_id(job_id, action_id),
+                             reply_to="")
 
     _broker.apply_canvas(to_canvas(step, signature))
 

@@ -68,10 +68,20 @@ def action_timeout(spec: Mapping[str, Any]) -> float:
     return own if own is not None else get_settings().default_action_timeout_s
 
 
+class Busy(Exception):
+    """A canvas step's action is held by another delivery: deliver this step again in
+    `countdown` seconds (the task retries itself, keeping its place in its chain)."""
+
+    def __init__(self, countdown: float) -> None:
+        super().__init__(f"held by another delivery; looking again in {countdown:.1f} s")
+        self.countdown = countdown
+
+
 def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: bool) -> str:
     """Run one action; `trigger` sends its ready dependents (readiness dispatch).
 
-    Canvas steps carry no spec (a chain message holds every later step): it is read here.
+    Canvas steps (`trigger` false) carry no spec (a chain message holds every later step): it
+    is read here. Raises `Busy` when a canvas step's action is held by another delivery.
     """
     store = get_store()
     if spec is None:
@@ -81,21 +91,21 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
     names = sorted(find_references(spec.get("parameters", {})))
     timeout = action_timeout(spec)
     lease = timeout + LEASE_GRACE_S
-    while True:
-        claim = store.claim(job_id, action_id, owner(), lease, names)
-        state = claim[0]
-        if state == "busy" and is_dead(store, claim[1]):
-            claim = store.claim(job_id, action_id, owner(), lease, names, force=True)
-            state = claim[0]
-        if state == "run":
-            break
-        if state == "busy":
-            if trigger:  # look again when the other holder's lease runs out
-                wait = max(0.5, min(float(claim[2]) - time.time(), 5.0))
-                dispatch.send(job_id, [spec], countdown=wait)
-                return "busy"
-            time.sleep(0.2)  # a canvas step must not end before its action has
-            continue
+    claim = store.claim(job_id, action_id, owner(), lease, names)
+    if claim[0] == "busy" and is_dead(store, claim[1]):  # its holder died: take it over
+        claim = store.claim(job_id, action_id, owner(), lease, names, force=True)
+    state = claim[0]
+    if state == "busy":
+        # Another delivery runs it. Look again when its lease runs out (at most 5 s from now),
+        # in a later delivery: nothing waits in this worker slot. A canvas step must not end
+        # before its action has (its chain would move on), so the step itself comes back; a
+        # readiness task is sent again.
+        wait = max(0.5, min(float(claim[2]) - time.time(), 5.0))
+        if not trigger:
+            raise Busy(wait)
+        dispatch.send(job_id, [spec], countdown=wait)
+        return "busy"
+    if state != "run":
         if state == "done" and trigger:
             dispatch.send(job_id, store.queued_dependents(job_id, action_id))
             _jobs().drained(store, job_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery import Task
 from celery.signals import worker_init, worker_process_init
 
 from cortex_worker import coordinator, dispatch, executor, feeds, jobs, reconciler
@@ -33,17 +34,32 @@ def start_job(job_id: str) -> None:
     jobs.start_job(get_store(), job_id)
 
 
-@app.task(name="cortex.action", ignore_result=True)
-def run_action(job_id: str, action_id: str, spec: dict[str, Any], trigger: bool = True) -> str:
-    """Run one action (readiness dispatch: it sends its ready dependents itself)."""
-    return executor.execute(job_id, action_id, spec, trigger)
+@app.task(name="cortex.action", bind=True, ignore_result=True, max_retries=None)
+def run_action(self: Task, job_id: str, action_id: str, spec: dict[str, Any] | None = None,
+               trigger: bool | None = None) -> str:
+    """Run one action. Readiness dispatch sends the spec and `trigger`: the task sends the
+    dependents its end makes ready. A canvas step sends only the ids (its chain message
+    carries every later step): the spec is read from the job, and Celery sends the next
+    steps (`trigger` is false)."""
+    return _execute(self, job_id, action_id, spec, spec is not None if trigger is None else trigger)
 
 
-@app.task(name="cortex.action.canvas", ignore_result=True)
-def run_canvas_action(job_id: str, action_id: str, spec: dict[str, Any] | None = None,
-                      trigger: bool = False) -> str:
-    """Run one action as a step of a canvas (Celery sends the next steps)."""
-    return executor.execute(job_id, action_id, spec, trigger)
+@app.task(name="cortex.action.canvas", bind=True, ignore_result=True, max_retries=None)
+def run_canvas_action(self: Task, job_id: str, action_id: str,
+                      spec: dict[str, Any] | None = None, trigger: bool = False) -> str:
+    """Canvas steps sent by an earlier version; canvas steps are `cortex.action` tasks now."""
+    return _execute(self, job_id, action_id, spec, trigger)
+
+
+def _execute(task: Task, job_id: str, action_id: str, spec: dict[str, Any] | None,
+             trigger: bool) -> str:
+    try:
+        return executor.execute(job_id, action_id, spec, trigger)
+    except executor.Busy as busy:
+        # Another delivery holds the action: this same message is delivered again later. A
+        # canvas step keeps its place in its chain (the chain does not move on before the
+        # action has ended), and no worker slot waits meanwhile.
+        raise task.retry(countdown=busy.countdown) from None
 
 
 @app.task(name="cortex.agent_turn", ignore_result=True)

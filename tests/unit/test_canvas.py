@@ -1,12 +1,17 @@
-"""Series-parallel plans compile to a canvas that mirrors them; others do not compile."""
+"""Series-parallel plans compile to a canvas that mirrors them; others do not compile. Its
+steps are `cortex.action` tasks, and a step whose action is held elsewhere retries itself."""
 
 from __future__ import annotations
+
+import time
+from typing import Any
 
 import pytest
 from celery import Celery, group
 from celery.canvas import _chain as chain
 from celery.canvas import _chord as chord
 
+from cortex_worker import dispatch, executor
 from cortex_worker.plan.canvas import decompose, to_canvas
 from cortex_worker.plan.dag import build_plan
 from cortex_worker.protocol.actions import Action
@@ -21,7 +26,7 @@ def plan(ids: str, edges: dict[str, str]):
 
 def canvas(step):
     app = Celery("t", set_as_current=False)
-    return to_canvas(step, lambda i: app.signature("cortex.action.canvas", args=[i], immutable=True))
+    return to_canvas(step, lambda i: app.signature("cortex.action", args=[i], immutable=True))
 
 
 def names(sig) -> list:
@@ -93,3 +98,95 @@ def test_long_chain_has_no_recursion_limit():
 
 def test_plan_with_errors_does_not_compile():
     assert decompose(plan("ab", {"a": "b", "b": "a"})) is None
+
+
+def test_canvas_steps_are_action_tasks_with_only_the_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[Any] = []
+    monkeypatch.setattr(dispatch, "queue_of", lambda spec: spec["queue"])
+    monkeypatch.setattr(dispatch.current_broker(), "apply_canvas", sent.append)
+    step = decompose(plan("abc", {"b": "a", "c": "b"}))
+    dispatch.send_canvas("j1", step, {i: {"queue": q} for i, q in zip("abc", ["tool", "agent", "tool"], strict=True)})
+    steps = sent[0].tasks
+    assert [s.task for s in steps] == ["cortex.action"] * 3
+    # the ids only (the worker reads the spec, and `trigger` follows from its absence)
+    assert [list(s.args) for s in steps] == [["j1", "a"], ["j1", "b"], ["j1", "c"]]
+    assert all(s.immutable and not s.kwargs for s in steps)
+    assert [s.options for s in steps] == [
+        {"queue": q, "task_id": f"j1:{i}", "reply_to": ""}
+        for i, q in zip("abc", ["tool", "agent", "tool"], strict=True)]
+
+
+class BusyStore:
+    """A store whose `claim` says another delivery holds the action until `until`."""
+
+    def __init__(self, until: float) -> None:
+        self.until, self.claims = until, 0
+
+    def spec(self, job_id: str, action_id: str) -> dict[str, Any]:
+        return {"id": action_id, "type": "tool", "name": "echo", "timeout": 5, "parameters": {}}
+
+    def claim(self, *args: Any, **kwargs: Any) -> list[str]:
+        self.claims += 1
+        return ["busy", "elsewhere:1", repr(self.until)]
+
+    def alive(self, owners: Any) -> set[str]:  # the holder's heartbeat is live
+        return set(owners)
+
+
+@pytest.fixture
+def busy(monkeypatch: pytest.MonkeyPatch) -> BusyStore:
+    store = BusyStore(time.time() + 2.0)
+    monkeypatch.setattr(executor, "get_store", lambda: store)
+
+    def no_sleep(seconds: float) -> None:
+        raise AssertionError("a worker slot must not wait for another delivery")
+
+    monkeypatch.setattr(executor.time, "sleep", no_sleep)
+    return store
+
+
+def test_busy_canvas_step_asks_to_be_delivered_again(busy: BusyStore) -> None:
+    with pytest.raises(executor.Busy) as raised:
+        executor.execute("j1", "a", None, trigger=False)
+    assert busy.claims == 1  # one look, no polling
+    assert 1.5 < raised.value.countdown <= 2.0  # when the other holder's lease ends
+
+
+def test_busy_step_looks_again_at_most_5_s_later(busy: BusyStore) -> None:
+    busy.until = time.time() + 600
+    with pytest.raises(executor.Busy) as raised:
+        executor.execute("j1", "a", None, trigger=False)
+    assert raised.value.countdown == 5.0
+
+
+def test_busy_readiness_task_is_sent_again(busy: BusyStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(executor.dispatch, "send",
+                        lambda job_id, specs, countdown=None: sent.append((job_id, specs, countdown)))
+    spec = busy.spec("j1", "a")
+    assert executor.execute("j1", "a", spec, trigger=True) == "busy"
+    assert len(sent) == 1 and sent[0][:2] == ("j1", [spec]) and 1.5 < sent[0][2] <= 2.0
+
+
+def test_a_busy_action_task_retries_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cortex_worker import tasks
+
+    class Retried(Exception):
+        pass
+
+    class FakeTask:
+        def retry(self, countdown: float) -> Exception:
+            self.countdown = countdown
+            return Retried()
+
+    def busy_execute(job_id: str, action_id: str, spec: Any, trigger: bool) -> str:
+        assert (job_id, action_id, spec, trigger) == ("j1", "a", None, False)
+        raise executor.Busy(1.25)
+
+    monkeypatch.setattr(tasks.executor, "execute", busy_execute)
+    task = FakeTask()
+    with pytest.raises(Retried):
+        tasks._execute(task, "j1", "a", None, False)  # type: ignore[arg-type]
+    assert task.countdown == 1.25
+    assert tasks.run_action.max_retries is None  # however long the other holder takes
+    assert tasks.run_action.ignore_result  # no result backend write per step

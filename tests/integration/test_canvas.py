@@ -1,0 +1,123 @@
+"""Canvas dispatch: steps are `cortex.action` tasks, and a step whose action another delivery
+holds waits for it without a worker slot (it retries itself) and without moving its chain on."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from cortex_worker.keys import job_keys
+from cortex_worker.store import Store
+from tests import harness
+from tests.integration.test_documents import action, follow, of, one, submit
+
+WAITING = "a"  # the action whose lease the tests hold from outside
+HOLDER = "elsewhere:1"  # ... as this worker process of another host
+
+
+@pytest.fixture
+def api(workers: Any, api: Any) -> Any:  # every test here needs the pools running
+    return api
+
+
+def start(api: Any, protocol: str, **options: Any) -> str:
+    response = submit(api, protocol, **options)
+    assert response.status_code == 202, response.text
+    return response.json()["id"]
+
+
+def status_of(api: Any, job_id: str, action_id: str) -> str | None:
+    actions = httpx.get(f"{api.url}/v1/jobs/{job_id}", timeout=10).json().get("actions") or []
+    return next((a["status"] for a in actions if a["id"] == action_id), None)
+
+
+def waiting_steps(control: Any) -> tuple[set[str], set[str]]:
+    """(ids of tasks waiting for their ETA, ids of tasks running) on every worker."""
+    inspect = control.control.inspect(timeout=0.5)
+    scheduled = {s["request"]["id"] for tasks in (inspect.scheduled() or {}).values()
+                 for s in tasks}
+    active = {t["id"] for tasks in (inspect.active() or {}).values() for t in tasks}
+    return scheduled, active
+
+
+def started_once(events: list[dict[str, Any]], *action_ids: str) -> dict[str, float]:
+    """Each action started exactly once: when (from the event log)."""
+    return {a: one(events, "action_started", a)["ts"] for a in action_ids}
+
+
+def test_busy_canvas_step_waits_without_a_worker_slot(api: Any, redis_client: redis.Redis,
+                                                      cortex_env: dict[str, str]) -> None:
+    doc = (action("s", "sleep", {"seconds": 0.3})
+           + action(WAITING, "echo", {"message": "$s"}, depends_on=["s"])
+           + action("b", "echo", {"message": "$a"}, depends_on=[WAITING]))
+    job_id = start(api, doc, canvas=True)
+    harness.wait_until(lambda: status_of(api, job_id, "s") == "running", timeout=20,
+                       interval=0.02)
+    # Another delivery holds `a` for 6 s: a live lease of a worker on another host, whose
+    # heartbeat is live too (a holder without one is taken over at once).
+    until = time.time() + 6.0
+    Store(redis_client).beat(HOLDER, 10.0)
+    redis_client.hset(job_keys(job_id).lease, WAITING, f"{HOLDER}|{until!r}")
+
+    # The step for `a` arrives when `s` ends, finds the lease live, and waits as a retry with
+    # an ETA (held by the worker's consumer), not in a pool process.
+    control = harness.celery_control_app(cortex_env)
+    step = f"{job_id}:{WAITING}"
+    harness.wait_until(lambda: step in waiting_steps(control)[0], timeout=10, interval=0.05)
+    assert step not in waiting_steps(control)[1]
+
+    # Meanwhile every slot of the tool pool (4) is free: four sleeps all run at once.
+    wide = "".join(action(f"p{i}", "sleep", {"seconds": 0.5}) for i in range(4))
+    wide_id = start(api, wide, canvas=False)
+    wide_events = follow(api, wide_id)
+    assert wide_events[-1]["type"] == "job_completed"
+    starts = started_once(wide_events, *[f"p{i}" for i in range(4)])
+    ends = [e["ts"] for e in of(wide_events, "action_completed")]
+    assert max(starts.values()) < min(ends), (starts, ends)
+    assert max(ends) < until  # all of it while `a` still waited
+
+    events = follow(api, job_id)
+    assert events[-1]["type"] == "job_completed"
+    assert len(of(events, "job_completed")) == 1
+    started = started_once(events, "s", WAITING, "b")
+    assert started[WAITING] >= until  # it ran once the other holder's lease had ended
+    assert one(events, "action_started", WAITING)["data"]["attempt"] == 1
+    # the chain did not move on before `a` had ended
+    assert started["b"] >= one(events, "action_completed", WAITING)["ts"]
+    assert one(events, "action_completed", "b")["data"]["status"] == "ok"
+
+
+def test_duplicate_canvas_step_runs_its_action_once(api: Any, cortex_env: dict[str, str]) -> None:
+    doc = (action(WAITING, "sleep", {"seconds": 1.0})
+           + action("b", "echo", {"message": "after"}, depends_on=[WAITING]))
+    job_id = start(api, doc, canvas=True)
+    harness.wait_until(lambda: status_of(api, job_id, WAITING) == "running", timeout=20,
+                       interval=0.02)
+    # Deliver the rest of the chain again while `a` runs (as the broker does after a lost
+    # connection): the copy of `a` finds it held, waits, then finds it done and passes on.
+    control = harness.celery_control_app(cortex_env)
+    copy = (control.signature("cortex.action", args=[job_id, WAITING], immutable=True,
+                              queue="tool", task_id=f"{job_id}:{WAITING}", reply_to="")
+            | control.signature("cortex.action", args=[job_id, "b"], immutable=True,
+                                queue="tool", task_id=f"{job_id}:b", reply_to=""))
+    copy.apply_async()
+    step = f"{job_id}:{WAITING}"
+    harness.wait_until(lambda: step in waiting_steps(control)[0], timeout=10, interval=0.05)
+
+    events = follow(api, job_id)
+    assert events[-1]["type"] == "job_completed"
+    # The copy comes back when its look-again delay (at most 5 s) has passed, finds `a`
+    # recorded and sends its copy of `b`, which finds `b` recorded too.
+    harness.wait_until(lambda: not ({step, f"{job_id}:b"} & set().union(*waiting_steps(control))),
+                       timeout=15, interval=0.2)
+    time.sleep(0.5)  # a re-run would log action_started within milliseconds
+    later = httpx.get(f"{api.url}/v1/jobs/{job_id}/events?after=0", timeout=20).text
+    assert later.count("event: action_started") == 2
+    assert later.count("event: job_completed") == 1
+    job = httpx.get(f"{api.url}/v1/jobs/{job_id}").json()
+    assert job["status"] == "completed"
+    assert [a["attempts"] for a in job["actions"]] == [1, 1]
