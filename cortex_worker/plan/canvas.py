@@ -3,6 +3,14 @@
 A plan whose DAG is series-parallel is written as nested chains and groups without adding a
 dependency the plan does not have: `chain(X, Y)` is used only where every action of Y waits
 (transitively) for every action of X. Other DAGs return None and run on readiness dispatch.
+
+A chain's message carries every later step of the chain, and each step passes the rest on:
+a chain of n steps moves n²/2 step signatures through the broker and its workers, and each
+hop JSON-decodes them twice (the worker's consumer, then its pool process) and encodes them
+once. A chain that `to_canvas` builds therefore sends its plain steps in a compact form,
+`{"subtask_type": "cortex.step", "task", "args", "queue"}` (126 bytes and two JSON containers
+with a 32-character job id, instead of Celery's 230 bytes and four), which a worker turns
+back into the same signature (see `CompactStep`).
 """
 
 from __future__ import annotations
@@ -12,7 +20,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from celery.canvas import Signature, chain, group
+
 from cortex_worker.plan.dag import Plan
+
+#: The `subtask_type` of a chain step in compact form.
+COMPACT_STEP = "cortex.step"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +128,53 @@ def _components(nodes: Sequence[str], preds: Mapping[str, list[str]]) -> list[li
 
 def to_canvas(step: Step, signature: Callable[[str], Any]) -> Any:
     """Build the Celery canvas of `step`; `signature(id)` gives an immutable task signature."""
-    from celery import chain, group
-
     if step.kind == "task":
         return signature(step.id)
     parts = [to_canvas(p, signature) for p in step.parts]
-    return chain(*parts) if step.kind == "chain" else group(*parts)
+    if step.kind == "group":
+        return group(*parts)
+    built = chain(*parts)  # Celery's reading: a group followed by a step is a chord
+    return CompactChain(built.tasks, app=built.app) if built.subtask_type == "chain" else built
+
+
+class CompactChain(chain):
+    """A chain whose message carries its later plain steps in compact form (`compact`).
+    Anything else (arguments, options, eager mode) runs as Celery's chain does."""
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        if args or kwargs or options or self.options or self.app.conf.task_always_eager:
+            return super().apply_async(args, kwargs, **options)
+        steps, results = self.prepare_steps((), {}, self.tasks, app=self.app)
+        first = steps.pop()  # the later steps come last to first: a worker pops the next one
+        sent = first.apply_async(chain=[compact(s) for s in steps])
+        return results[0] if steps else sent
+
+
+_PLAIN_KEYS = {"task", "args", "kwargs", "options", "subtask_type", "immutable", "chord_size"}
+_PLAIN_OPTIONS = {"queue", "task_id", "reply_to"}
+
+
+def compact(step: Any) -> Any:
+    """A chain step as its chain's message carries it: compact if that loses nothing a step of
+    a Cortex canvas uses (an immutable task with positional arguments, a queue, and the task
+    id `":".join(args)`; `reply_to` only matters to Celery's RPC result backend), else as is."""
+    if not (type(step) is Signature and step.immutable and not step.kwargs
+            and set(step) <= _PLAIN_KEYS and not step.get("chord_size")
+            and set(step.options) <= _PLAIN_OPTIONS and step.options.get("queue")
+            and all(isinstance(a, str) for a in step.args)
+            and step.options.get("task_id") == ":".join(step.args)):
+        return step
+    return {"subtask_type": COMPACT_STEP, "task": step.task, "args": list(step.args),
+            "queue": step.options["queue"]}
+
+
+@Signature.register_type(name=COMPACT_STEP)
+class CompactStep(Signature):
+    """Expands a compact chain step (`compact`) when a worker takes it from its chain; Celery
+    finds it by `subtask_type`. Every worker registers it when it imports this module."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], app: Any = None) -> Signature:
+        args = list(d["args"])
+        return Signature(d["task"], args=args, immutable=True, app=app,
+                         options={"queue": d["queue"], "task_id": ":".join(args)})

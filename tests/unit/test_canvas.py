@@ -3,16 +3,18 @@ steps are `cortex.action` tasks, and a step whose action is held elsewhere retri
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 import pytest
-from celery import Celery, group
+from celery import Celery, group, signature
+from celery.canvas import Signature
 from celery.canvas import _chain as chain
 from celery.canvas import _chord as chord
 
 from cortex_worker import dispatch, executor
-from cortex_worker.plan.canvas import decompose, to_canvas
+from cortex_worker.plan.canvas import CompactChain, compact, decompose, to_canvas
 from cortex_worker.plan.dag import build_plan
 from cortex_worker.protocol.actions import Action
 
@@ -114,6 +116,67 @@ def test_canvas_steps_are_action_tasks_with_only_the_ids(monkeypatch: pytest.Mon
     assert [s.options for s in steps] == [
         {"queue": q, "task_id": f"j1:{i}", "reply_to": ""}
         for i, q in zip("abc", ["tool", "agent", "tool"], strict=True)]
+
+
+def step_signature(app: Celery, action_id: str, queue: str = "tool") -> Any:
+    return app.signature("cortex.action", args=["j1", action_id], immutable=True, queue=queue,
+                         task_id=f"j1:{action_id}", reply_to="")
+
+
+def sent_chain(monkeypatch: pytest.MonkeyPatch, canvas_: Any) -> tuple[Any, list[Any]]:
+    """What sending `canvas_` sends: the first step and its message's `chain` field."""
+    sent: list[tuple[Any, dict[str, Any]]] = []
+    monkeypatch.setattr(Signature, "apply_async", lambda self, **options: sent.append((self, options)))
+    assert isinstance(canvas_, CompactChain)
+    canvas_.apply_async()
+    assert len(sent) == 1
+    return sent[0][0], sent[0][1].get("chain", [])
+
+
+def test_a_chain_message_carries_its_plain_steps_compact(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = Celery("t", set_as_current=False)
+    step = decompose(plan("abc", {"b": "a", "c": "b"}))
+    first, rest = sent_chain(monkeypatch, to_canvas(step, lambda i: step_signature(app, i, "q" + i)))
+    assert first.args == ("j1", "a")
+    assert rest == [  # last to first: a worker pops the next step off the end
+        {"subtask_type": "cortex.step", "task": "cortex.action", "args": ["j1", "c"], "queue": "qc"},
+        {"subtask_type": "cortex.step", "task": "cortex.action", "args": ["j1", "b"], "queue": "qb"}]
+    # as a worker reads it back from the message: the same step (Celery's default reply_to)
+    again = signature(json.loads(json.dumps(rest[-1])), app=app)
+    assert type(again) is Signature
+    assert (again.task, again.args, again.kwargs, again.immutable, again.options) == (
+        "cortex.action", ("j1", "b"), {}, True, {"queue": "qb", "task_id": "j1:b"})
+
+
+def test_steps_compact_would_change_travel_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = Celery("t", set_as_current=False, backend="cache+memory://")  # chords need one
+    step = decompose(plan("abcde", {"b": "a", "c": "b", "d": "b", "e": "cd"}))
+    odd = app.signature("cortex.action", args=["j1", "c"], kwargs={"x": 1}, immutable=True,
+                        queue="tool", task_id="j1:c")
+    first, rest = sent_chain(monkeypatch, to_canvas(
+        step, lambda i: odd if i == "c" else step_signature(app, i)))
+    assert first.args == ("j1", "a")
+    chord_, b = rest
+    assert b["subtask_type"] == "cortex.step" and b["args"] == ["j1", "b"]
+    assert chord_["subtask_type"] == "chord"  # c and d, then e: as Celery writes it
+    assert compact(odd) is odd  # keyword arguments: kept whole
+    other_id = step_signature(app, "c").set(task_id="elsewhere")
+    assert compact(other_id) is other_id
+
+
+def test_a_compact_chain_runs_as_celery_runs_a_chain_otherwise() -> None:
+    app = Celery("t", set_as_current=False)
+    ran: list[str] = []
+
+    @app.task(name="step")
+    def step_(action_id: str) -> None:
+        ran.append(action_id)
+
+    canvas_ = to_canvas(decompose(plan("abc", {"b": "a", "c": "b"})),
+                        lambda i: app.signature("step", args=[i], immutable=True))
+    assert isinstance(canvas_, CompactChain)
+    canvas_.apply()  # eager, as the stub broker runs a canvas
+    assert ran == ["a", "b", "c"]
 
 
 class BusyStore:
