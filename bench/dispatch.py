@@ -18,8 +18,9 @@ Measured:
      taken by the workers: queued when the action became ready (in the finish script of its
      predecessor), started when a worker claims it. Run with `canvas: false` (readiness
      dispatch: the finishing worker sends the next task) and `canvas: true` (a Celery chain).
-   - Rounds alternate: N raw tasks, one chain with readiness dispatch, one with canvas. Then
-     a slow spell of this busy machine (everything runs on it) affects all three.
+   - Rounds alternate: N raw tasks, one chain with readiness dispatch, one with canvas (and
+     the other way round in every second round). Then a slow spell of this busy machine
+     (everything runs on it) affects all three.
 2. Throughput of no-op work.
    - Raw Celery: 2,000 tasks sent at once, from the first send to the last task end.
    - Cortex: one document of 2,000 independent async echo actions (`max_parallel` 10,000),
@@ -28,8 +29,10 @@ Measured:
    (sleep tool). Makespan is from the first action_started to the last action_completed,
    compared with the critical path (0.35 s). Several runs; the median is reported.
 
-Also timed, to explain the figures: the round trip of each Store script (claim, finish),
-called from this process, and the phases of each chain hop from the event log.
+Also measured, to explain the figures: the round trip of each Store call a hop makes (spec
+read, claim, finish) from this process; the phases of each chain hop from the event log; the
+size of the first message of a canvas chain; and the CPU time each kind of process (the
+worker's own process, its pool processes, redis-server) uses per hop (Linux /proc).
 
 This is a measurement, not a test. It prints PASS/MISS for each target but always exits 0
 once the measurement has completed.
@@ -63,7 +66,7 @@ TOOL_CONCURRENCY = 4
 AGENT_CONCURRENCY = 2
 TERMINAL = {"completed", "failed", "cancelled"}
 
-TARGET_LATENCY_RATIO = 1.5  # Cortex dispatch p50 <= 1.5 x raw Celery p50
+TARGET_LATENCY_RATIO = 1.2  # Cortex dispatch p50 <= 1.2 x raw Celery p50
 TARGET_THROUGHPUT_RATIO = 0.5  # Cortex no-op throughput >= 0.5 x raw Celery
 TARGET_SLACK_MS = 50.0  # N-shape makespan <= critical path + 50 ms
 CRITICAL_PATH_S = 0.35
@@ -176,11 +179,11 @@ class Bench:
         job_id = response.json()["id"]
         deadline = time.monotonic() + timeout
         while True:
-            job = self.store.get_job(job_id) or {}
-            if job.get("status") in TERMINAL:
+            job = self.store.peek(job_id, "status")
+            if job is not None and job.status in TERMINAL:
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {job.get('status')} after {timeout}s")
+                raise TimeoutError(f"job {job_id} still {job and job.status} after {timeout}s")
             time.sleep(0.02)
         events = self.store.events_after(job_id)
         if events[-1]["type"] != "job_completed":
@@ -229,20 +232,61 @@ class Bench:
                     "deps": [f"s{i - 1}"] if i else [], "after": [], "on_error": "stop"}
                    for i in range(n)]
         self.store.register(job_id, entries, close=True)
-        timings: dict[str, list[float]] = {"claim": [], "finish": [], "ping": []}
+        timings: dict[str, list[float]] = {"claim": [], "finish": [], "ping": [], "spec": []}
         for i in range(n):
             t0 = time.perf_counter()
             self.redis.ping()
             t1 = time.perf_counter()
-            self.store.claim(job_id, f"s{i}", "bench:1", 60.0, ())
+            self.store.spec(job_id, f"s{i}")  # what a canvas step reads before its claim
             t2 = time.perf_counter()
+            self.store.claim(job_id, f"s{i}", "bench:1", 60.0, ())
+            t3 = time.perf_counter()
             self.store.finish(job_id, f"s{i}", "ok", {"status": "ok"}, i, None,
                               ("action_completed", {"action_id": f"s{i}", "result": i}))
-            t3 = time.perf_counter()
+            t4 = time.perf_counter()
             timings["ping"].append(t1 - t0)
-            timings["claim"].append(t2 - t1)
-            timings["finish"].append(t3 - t2)
+            timings["spec"].append(t2 - t1)
+            timings["claim"].append(t3 - t2)
+            timings["finish"].append(t4 - t3)
         return timings
+
+    # -- what the canvas of a chain sends
+
+    def chain_message_bytes(self, n: int) -> tuple[int, int]:
+        """Body size of the first message of the canvas of a chain of `n` echo actions, as
+        Cortex sends it (later steps in compact form) and as a plain Celery chain of the
+        same signatures would be. Nothing is sent: the Celery app's publish is captured."""
+        from unittest import mock
+
+        from celery import chain
+        from kombu.utils.json import dumps as kombu_dumps
+
+        from cortex_worker import dispatch
+        from cortex_worker.app import app
+        from cortex_worker.plan.canvas import decompose
+        from cortex_worker.protocol.document import load_document
+
+        plan = load_document(chain_doc(n)).plan
+        step = decompose(plan)
+        specs = {a: {"id": a, "type": "tool", "name": "echo"} for a in plan.nodes}
+        job_id = uuid.uuid4().hex
+        bodies: list[int] = []
+
+        def capture(producer: Any, name: str, message: Any, **options: Any) -> None:
+            bodies.append(len(kombu_dumps(message.body)))
+
+        def plain(canvas: Any) -> None:  # the same signatures, through Celery's own chain
+            chain(*canvas.tasks).apply_async()
+
+        with mock.patch.object(app.amqp, "send_task_message", capture), \
+                mock.patch.object(app.backend, "on_task_call", lambda *a: None):
+            with dispatch.use_broker(dispatch.CeleryBroker(app)):
+                dispatch.send_canvas(job_id, step, specs)
+            broker = dispatch.CeleryBroker(app)
+            broker.apply_canvas = plain  # type: ignore[method-assign]
+            with dispatch.use_broker(broker):
+                dispatch.send_canvas(job_id, step, specs)
+        return bodies[0], bodies[1]
 
 
 # --------------------------------------------------------------------------- event analysis
@@ -314,6 +358,67 @@ def timed(label: str, fn: Callable[[], Any]) -> Any:
     return result
 
 
+def _ppid_and_cpu(pid: int) -> tuple[int, float]:
+    """The parent and the CPU time (s, every thread: /proc/PID/task/*/schedstat) of `pid`."""
+    ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    cpu = sum(int((task / "schedstat").read_text().split()[0])
+              for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+    return ppid, cpu
+
+
+def _group(pid: int, parent: int) -> str:
+    """Which of the benchmark's processes `pid` is: the tool pool's worker process or one of
+    its pool processes, the raw worker's, redis-server, or other (agent pool, API)."""
+    def cmd(p: int) -> str:
+        try:
+            return Path(f"/proc/{p}/cmdline").read_text().replace("\0", " ")
+        except OSError:
+            return ""
+
+    mine, parents = cmd(pid), cmd(parent)
+    if "redis-server" in mine:
+        return "redis"
+    for marker, name in (("--pool tool", "tool"), ("bench.rawapp", "raw")):
+        if marker in mine:
+            return f"{name} pool" if marker in parents else f"{name} worker"
+    return "other"
+
+
+class ProcessCPU:
+    """CPU time used by this benchmark's processes (every descendant of this process), by
+    group. Linux only: elsewhere every reading is empty."""
+
+    def __init__(self) -> None:
+        self.groups: dict[int, str] = {}
+
+    def read(self) -> dict[str, float]:
+        procs: dict[int, tuple[int, float]] = {}
+        for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else ():
+            if entry.name.isdigit():
+                try:
+                    procs[int(entry.name)] = _ppid_and_cpu(int(entry.name))
+                except (OSError, ValueError, IndexError):
+                    continue
+        mine, todo = set(), [os.getpid()]
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _) in procs.items():
+            children.setdefault(ppid, []).append(pid)
+        while todo:
+            for child in children.get(todo.pop(), []):
+                mine.add(child)
+                todo.append(child)
+        out: dict[str, float] = {}
+        for pid in mine:
+            if pid not in self.groups:
+                self.groups[pid] = _group(pid, procs[pid][0])
+            out[self.groups[pid]] = out.get(self.groups[pid], 0.0) + procs[pid][1]
+        return out
+
+    def per_hop(self, before: dict[str, float], after: dict[str, float],
+                hops: int) -> dict[str, float]:
+        return {g: (after[g] - before.get(g, 0.0)) / hops for g in after}
+
+
 def max_gap(times: Sequence[float]) -> float:
     """The longest interval between consecutive times (sorted)."""
     ordered = sorted(times)
@@ -324,7 +429,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     args = parser.parse_args(argv)
-    chain_len, rounds = (30, 2) if args.quick else (100, 3)
+    chain_len, rounds = (30, 2) if args.quick else (100, 4)
     burst = 300 if args.quick else 2000
     n_runs = 3 if args.quick else 7
 
@@ -362,13 +467,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         cortex_lat: dict[bool, list[float]] = {False: [], True: []}
         phases: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}
         spans: dict[bool, list[float]] = {False: [], True: []}
+        # The order alternates too: raw, readiness, canvas; then canvas, readiness, raw.
+        cpu = ProcessCPU()
+        hop_cpu: dict[str, list[dict[str, float]]] = {"raw": [], "readiness": [], "canvas": []}
         for r in range(rounds):
-            raw_seq += timed(f"round {r + 1}/{rounds}: raw celery, {chain_len} sequential tasks",
-                             lambda: bench.raw_sequential(chain_len))
-            for canvas in (False, True):
+            order: list[bool | None] = [None, False, True]
+            for variant in order if r % 2 == 0 else order[::-1]:
+                before = cpu.read()
+                if variant is None:
+                    raw_seq += timed(f"round {r + 1}/{rounds}: raw celery, {chain_len} "
+                                     "sequential tasks", lambda: bench.raw_sequential(chain_len))
+                    hop_cpu["raw"].append(cpu.per_hop(before, cpu.read(), chain_len))
+                    continue
+                canvas = variant
                 events = timed(f"round {r + 1}/{rounds}: cortex chain of {chain_len}, "
                                f"canvas={canvas}",
                                lambda c=canvas: bench.run_job(chain_doc(chain_len), canvas=c))
+                hop_cpu["canvas" if canvas else "readiness"].append(
+                    cpu.per_hop(before, cpu.read(), chain_len))
                 cortex_lat[canvas] += dispatch_latencies(events)
                 for name, values in hop_phases(events).items():
                     phases[canvas].setdefault(name, []).extend(values)
@@ -397,6 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  n-shape: {n_runs} runs done", flush=True)
 
         rtt = timed("store script round trips", lambda: bench.script_round_trips(200))
+        message = bench.chain_message_bytes(chain_len)
     finally:
         timed("stopping everything", bench.stop)
     print(f"total wall time: {time.monotonic() - t_start:.1f} s\n")
@@ -457,9 +574,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw_body = [end - start for _, start, end in raw_seq]
     print(f"  raw celery task body (one RPUSH): {ms(pct(raw_body, 50))} / "
           f"{ms(pct(raw_body, 99))}")
-    for name in ("ping", "claim", "finish"):
+    for name in ("ping", "spec", "claim", "finish"):
         print(f"  store {name:6} from this process: {ms(pct(rtt[name], 50))} / "
               f"{ms(pct(rtt[name], 99))}")
+    print("  a canvas step reads its spec (`store spec` above) before its claim; a readiness "
+          "task carries it")
+    print(f"  first message of the canvas of a chain of {chain_len}: {message[0]:,} bytes, "
+          f"later steps compact ({message[1]:,} as Celery writes them); every hop decodes the "
+          "rest of the chain twice and encodes it once")
+    groups = ["tool worker", "tool pool", "raw worker", "raw pool", "redis", "other"]
+    if any(hop_cpu.values()) and any(hop_cpu["raw"]):
+        print("  CPU per hop (ms, median of the rounds; every process of the benchmark):")
+        print("    " + " ".join(f"{g:>11}" for g in ["", *groups, "total"]))
+        for name, readings in hop_cpu.items():
+            cells = [statistics.median(r.get(g, 0.0) for r in readings) for g in groups]
+            total = statistics.median(sum(r.values()) for r in readings)
+            print(f"    {name:>11} " + " ".join(f"{ms(c):>11}" for c in [*cells, total]))
+        print("    (worker: the Celery worker's own process, which receives every message and "
+              "hands it to a pool process; pool: the processes that run the tasks)")
 
     print("  longest pause between two task starts in the bursts: "
           + ", ".join(f"{k} {ms(v)}" for k, v in gaps.items()))
