@@ -304,11 +304,12 @@ def finalize(store: Store, job: JobRecord) -> None:
 
 def end_job(store: Store, job_id: str, status: str, data: dict[str, Any],
             fields: dict[str, Any], *, events: Sequence[tuple[str, dict[str, Any]]] = (),
-            only_if: str = "", result: Any = None) -> bool:
+            only_if: str = "", result: Any = None, notify: bool = True) -> bool:
     """The one place a job ends, whatever its kind: log `events` and `job_<status>` (`data`),
     cancel what is unfinished (unless it completed), revoke what runs, cancel its children,
-    and hand the outcome (`result`, or `data["error"]`) to the action that started it. False
-    if it had already ended (or was not `only_if`)."""
+    and hand the outcome (`result`, or `data["error"]`) to the action that started it (unless
+    `notify` is False: that action ends otherwise). False if it had already ended (or was
+    not `only_if`)."""
     job = store.get_job(job_id)
     if job is None or job.ended:
         return False
@@ -321,14 +322,16 @@ def end_job(store: Store, job_id: str, status: str, data: dict[str, Any],
     dispatch.revoke(job_id, ended)
     if status != "completed":
         cancel_children(store, job_id)
-    _notify_parent(store, job, status, result, error)
+    if notify:
+        _notify_parent(store, job, status, result, error)
     return True
 
 
 def cancel_job(store: Store, job_id: str, *, status: str = "cancelled",
-               reason: str = "cancelled by request") -> bool:
+               reason: str = "cancelled by request", notify: bool = True) -> bool:
     """End a job now (cancel, or `failed` for fail_fast). False if it had already ended."""
-    return end_job(store, job_id, status, {"status": status, "reason": reason}, {"error": reason})
+    return end_job(store, job_id, status, {"status": status, "reason": reason}, {"error": reason},
+                   notify=notify)
 
 
 def cancel_children(store: Store, job_id: str) -> None:
@@ -357,9 +360,11 @@ def expire_deferred(store: Store, job_id: str, action_id: str) -> None:
     if spec is None or store.results(job_id, [action_id]):
         return  # the child ended in time (or the job expired)
     message = f"timed out after {spec['timeout']:g}s; its child job was cancelled"
-    executor.record_outcome(store, job_id, action_id, spec, "timeout", None, message)
+    # the child first (its end does not record the action: the timeout does), since
+    # recording the timeout may end the parent, which would cancel the child for that reason
     cancel_job(store, child_job_id(job_id, action_id), reason=f"the action {action_id!r} of job "
-               f"{job_id} that started it timed out")
+               f"{job_id} that started it timed out", notify=False)
+    executor.record_outcome(store, job_id, action_id, spec, "timeout", None, message)
 
 
 class _Hooks:

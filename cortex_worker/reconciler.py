@@ -136,7 +136,7 @@ class Reconciler:
         if outcome == "give_up":
             spec = self.store.spec(job_id, action_id) or {"id": action_id}
             executor.record_outcome(self.store, job_id, action_id, spec, "error", None,
-                                    f"lost {value - 1} time(s): {why} each time "
+                                    f"lost {value} time(s): {why} each time "
                                     f"(max_redrives is {self.settings.max_redrives})")
             return None
         return value if outcome == "send" else None

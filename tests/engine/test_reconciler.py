@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from cortex_worker import dispatch, executor, jobs
 from cortex_worker.keys import alive_key, job_keys
 from cortex_worker.options import JobOptions
@@ -130,9 +128,6 @@ def test_a_running_action_whose_worker_died_is_sent_again_then_fails(
     assert reconciler.reconcile() == 0
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: reconciler._redrive says `lost {times - 1} "
-                   "time(s)` when giving up, one less than the times the action was lost "
-                   "(max_redrives=0: `lost 0 time(s)` after one loss)")
 def test_giving_up_counts_every_loss(store: Store, broker: StubBroker) -> None:
     job_id = jobs.submit_document(store, DOC, options=READINESS)
     broker.step()

@@ -125,9 +125,6 @@ def test_a_child_that_outlives_its_timeout_is_cancelled(store: Store,
     assert of(events(store, child_id), "action_started") == []
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: jobs.expire_deferred records the timeout "
-                   "before it cancels the child; when that ends the parent job, end_job cancels "
-                   "the child first, as 'its parent job ... ended', and the timeout reason is lost")
 def test_the_child_of_a_timed_out_action_is_told_why(store: Store, broker: StubBroker) -> None:
     job_id, child_id = outlive_timeout(store, broker)
     assert one(events(store, child_id), "job_cancelled")["reason"] == (
