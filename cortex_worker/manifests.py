@@ -26,18 +26,20 @@ its `link` runs after every file has loaded, so it may look up other objects in 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cortex_worker.agents.spec import INTERNAL_ACTIONS, AgentSpec
 from cortex_worker.errors import CortexError
 from cortex_worker.relics.spec import RelicSpec, builtin_relics, check_relic, link_relic
 from cortex_worker.tools.errors import ToolError
+from cortex_worker.tools.function import discover
 from cortex_worker.tools.spec import BUILTIN_TOOLS, ToolSpec
 from cortex_worker.workflows.link import link_workflow
 from cortex_worker.workflows.spec import WorkflowSpec, check_workflow
@@ -65,6 +67,8 @@ class Registry:
     agents: dict[str, AgentSpec] = field(default_factory=dict)
     workflows: dict[str, WorkflowSpec] = field(default_factory=dict)
     relics: dict[str, RelicSpec] = field(default_factory=dict)
+    tool_modules: dict[str, ToolModuleSpec] = field(default_factory=dict)
+    """Python modules whose `@tool` functions are tools (see `tools.function`)."""
     sources: dict[tuple[str, str], str] = field(default_factory=dict)
     """(kind, name) → the file that declared it, or "<built-in>"."""
     directory: Path | None = None
@@ -228,8 +232,20 @@ def _link_relic(spec: RelicSpec, registry: Registry, path: Path) -> RelicSpec:
     return link_relic(spec, path)
 
 
+class ToolModuleSpec(BaseModel):
+    """`kind: ToolModule`: a Python module (importable from the manifests directory, or
+    installed) whose `@tool` functions become tools."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["ToolModule"] = "ToolModule"
+    name: str = Field(description="the module, e.g. `my_tools` or `pkg.tools`",
+                      pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
 KINDS: dict[str, Kind] = {
     "Tool": Kind("Tool", "tools", ToolSpec, _check_tool),
+    "ToolModule": Kind("ToolModule", "tool_modules", ToolModuleSpec),
     "Agent": Kind("Agent", "agents", AgentSpec, _check_agent, _link_agent),
     "Workflow": Kind("Workflow", "workflows", WorkflowSpec, check_workflow, _link_workflow),
     "Relic": Kind("Relic", "relics", RelicSpec, check_relic, _link_relic),
@@ -237,8 +253,9 @@ KINDS: dict[str, Kind] = {
 SECTIONS: dict[str, Kind] = {kind.section: kind for kind in KINDS.values()}
 
 
-def load_registry(directory: Path | None) -> Registry:
-    """Built-in tools plus every manifest under `directory` (None or missing: built-ins only)."""
+def load_registry(directory: Path | None, tool_modules: Sequence[str] = ()) -> Registry:
+    """Built-in tools plus every manifest under `directory` (None or missing: built-ins only),
+    plus the `@tool` functions of `tool_modules` and of `kind: ToolModule` manifests."""
     registry = Registry()
     for name, spec in BUILTIN_TOOLS.items():
         registry.tools[name] = spec
@@ -246,11 +263,10 @@ def load_registry(directory: Path | None) -> Registry:
     for name, relic in builtin_relics().items():
         registry.relics[name] = relic
         registry.sources[("Relic", name)] = BUILTIN_SOURCE
-    if directory is None:
+    if directory is None or not Path(directory).expanduser().exists():
+        _add_function_tools(registry, tool_modules, "CORTEX_TOOL_MODULES")
         return registry
     directory = Path(directory).expanduser()
-    if not directory.exists():
-        return registry
     if not directory.is_dir():
         raise ManifestError(f"{_show(directory)}: not a directory; give the manifests directory")
     registry.directory = directory.resolve()
@@ -260,6 +276,10 @@ def load_registry(directory: Path | None) -> Registry:
         for kind, where, spec in load_file(path):
             _add(registry, kind, spec, _show(path), where)
             loaded.append((kind, path, where, spec))
+    _add_function_tools(registry, tool_modules, "CORTEX_TOOL_MODULES")
+    for kind, path, _, spec in loaded:  # before the links: agents name these tools
+        if kind.name == "ToolModule":
+            _add_function_tools(registry, [spec.name], _show(path))  # type: ignore[attr-defined]
     for kind, path, where, spec in loaded:  # cross-references: every file is loaded now
         if kind.link is None:
             continue
@@ -269,6 +289,24 @@ def load_registry(directory: Path | None) -> Registry:
             raise ManifestError(f"{_show(path)}: {where}: {exc}") from None
         getattr(registry, kind.section)[linked.name] = linked
     return registry
+
+
+def _add_function_tools(registry: Registry, modules: Sequence[str], shown: str) -> None:
+    """Add the `@tool` functions of each module (imported with the manifests directory on
+    the path, as the sandbox will import it)."""
+    for module in modules:
+        added = [str(p) for p in registry.module_paths if str(p) not in sys.path]
+        sys.path[:0] = added
+        try:
+            specs = discover(module)
+        except Exception as exc:  # an import error of the user's module: say which and why
+            raise ManifestError(f"{shown}: tool module {module!r} cannot be loaded: "
+                                f"{type(exc).__name__}: {exc}") from None
+        finally:
+            for path in added:
+                sys.path.remove(path)
+        for spec in specs:
+            _add(registry, KINDS["Tool"], spec, f"{shown} (module {module})", spec.name)
 
 
 def manifest_files(directory: Path) -> list[Path]:

@@ -19,7 +19,8 @@ def get_store() -> Store:
 @lru_cache(maxsize=1)
 def get_registry() -> Registry:
     """Manifests from `CORTEX_MANIFESTS`, validated once per process."""
-    return load_registry(get_settings().manifests)
+    settings = get_settings()
+    return load_registry(settings.manifests, settings.tool_modules)
 
 
 @lru_cache(maxsize=1)

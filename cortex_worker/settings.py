@@ -78,6 +78,9 @@ class Settings(BaseSettings):
         "an agent manifest's `model`); without it documents cannot hold llm actions")
 
     http_allow_hosts: list[str] = Field(default_factory=list, description="http_get allow-list")
+    tool_modules: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(), description="Python modules whose `@tool` functions are tools "
+        "(comma-separated; importable from the manifests directory, or installed)")
     docker_host: str | None = Field(
         default=None,
         description="Docker daemon for docker tools (unix:///path.sock); None: DOCKER_HOST or "
@@ -96,6 +99,13 @@ class Settings(BaseSettings):
     allow_no_auth: bool = Field(
         default=False, description="let `cortex api` bind a non-loopback host without API keys")
     metrics_public: bool = Field(default=False, description="/metrics answers without a key")
+
+    @field_validator("tool_modules", mode="before")
+    @classmethod
+    def _split_modules(cls, value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):
+            return tuple(m.strip() for m in value.split(",") if m.strip())
+        return tuple(value or ())
 
     @field_validator("api_keys", mode="before")
     @classmethod
