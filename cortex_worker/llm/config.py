@@ -4,32 +4,59 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
+PROVIDER_DEFAULTS: dict[str, dict[str, str]] = {
+    "anthropic": {"base_url": "https://api.anthropic.com/v1", "model": "claude-sonnet-4-6",
+                  "api_key_env": "ANTHROPIC_API_KEY"},
+}
+"""Defaults that differ by provider (the field defaults are OpenAI's)."""
+
 
 class ModelConfig(BaseModel):
-    """An OpenAI-compatible chat endpoint, or a replayed transcript (`provider: replay`)."""
+    """An OpenAI-compatible chat endpoint, Anthropic's Messages API (`provider: anthropic`), or
+    a replayed transcript (`provider: replay`).
+
+    For `anthropic`, `base_url`, `model` and `api_key_env` default to
+    `PROVIDER_DEFAULTS["anthropic"]` when not given, and `temperature` may not exceed 1.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    provider: Literal["openai", "replay"] = "openai"
+    provider: Literal["openai", "anthropic", "replay"] = "openai"
     base_url: str = Field(default="https://api.openai.com/v1",
                           description="`${VAR}` is read from the environment when used")
     model: str = "gpt-4o-mini"
     api_key_env: str | None = Field(default="OPENAI_API_KEY",
                                     description="environment variable holding the API key")
     temperature: float | None = Field(default=None, ge=0, le=2)
-    max_tokens: int | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(
+        default=None, gt=0,
+        description="sent when set; anthropic requires it: 8192 when unset")
     timeout_s: float = Field(default=120.0, gt=0, description="per request, between bytes")
     max_retries: int = Field(default=3, ge=0, le=10)
     native_tools: bool = Field(default=False,
                                description="also offer the tools as native function calls")
     transcript: str | None = Field(default=None, description="replay: a transcript file")
     tokens_per_second: float = Field(default=50.0, gt=0, description="replay speed")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _provider_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("provider") in PROVIDER_DEFAULTS:
+            data = {**PROVIDER_DEFAULTS[data["provider"]], **data}
+        return data
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_range(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if info.data.get("provider") == "anthropic" and value is not None and value > 1:
+            raise ValueError("provider anthropic accepts a temperature from 0 to 1")
+        return value
 
     def url(self) -> str:
         """`base_url` with `${VAR}` expanded (an unset variable is an error)."""

@@ -1,70 +1,40 @@
-"""Streaming chat completions from an OpenAI-compatible endpoint, over plain httpx.
+"""Streaming chat completions from an OpenAI-compatible endpoint, over plain httpx; and the
+provider table.
 
 * `stream_chat(config, messages, tools=)` yields `TextDelta`s as the server sends them, each
   native `ToolCall` (assembled from its fragments) as soon as it is complete (when the next
   call starts, or when the model finishes), and a `Usage` at the end when the server reports
   one.
-* Retries: connection errors, timeouts, 408, 429 and 5xx are retried up to `config.max_retries`
-  times with exponential backoff (0.25 s base, jitter, `Retry-After` honoured up to 10 s), but
-  only while nothing has been yielded. Once the caller has seen a piece, a failure raises
+* Retries (`transport.stream_with_retries`, shared with the Anthropic provider): connection
+  errors, timeouts, 408, 429 and 5xx are retried up to `config.max_retries` times with
+  exponential backoff (0.25 s base, jitter, `Retry-After` honoured up to 10 s), but only while
+  nothing has been yielded. Once the caller has seen a piece, a failure raises
   `ModelError(retryable=True, streamed=<chars>)` and the caller decides (the coordinator
   restarts the turn). Other 4xx raise `ModelError(retryable=False)` with the server's message.
 * The generator may be closed early (`gen.close()`): the HTTP response is closed at once.
-* `complete(config, messages)` joins a stream (for `type="llm"` actions); `open_stream(...)`
-  dispatches to the replay provider when `config.provider == "replay"`.
+* `open_stream(...)` picks the stream by `config.provider` from `PROVIDERS`: `openai` (this
+  module), `anthropic` (the Messages API, `anthropic.py`) or `replay` (a recorded transcript,
+  `replay.py`). `complete(config, messages)` joins a stream (for `type="llm"` actions).
 """
 
 from __future__ import annotations
 
-import email.utils
 import json
-import random
-import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from cortex_worker.llm import transport
+from cortex_worker.llm.anthropic import stream_messages
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.replay import replay_stream
 from cortex_worker.llm.stream import ModelError, Piece, TextDelta, ToolCall, Usage
+from cortex_worker.llm.transport import close_shared_client, shared_client
 
-__all__ = ["close_shared_client", "complete", "open_stream", "shared_client", "stream_chat"]
-
-BACKOFF_BASE_S = 0.25
-MAX_BACKOFF_S = 10.0
-RETRYABLE_STATUS = frozenset({408, 429})  # and every 5xx
-
-_client: httpx.Client | None = None
-_client_lock = threading.Lock()
-_sleep = time.sleep  # tests may replace it
-
-
-def shared_client() -> httpx.Client:
-    """The process-wide HTTP client (thread-safe, created on first use)."""
-    global _client
-    with _client_lock:
-        if _client is None or _client.is_closed:
-            _client = httpx.Client(
-                limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
-                follow_redirects=False,
-            )
-        return _client
-
-
-def close_shared_client() -> None:
-    """Close the process-wide client (a new one is created on next use)."""
-    global _client
-    with _client_lock:
-        if _client is not None:
-            _client.close()
-            _client = None
-
-
-def _timeout(config: ModelConfig) -> httpx.Timeout:
-    return httpx.Timeout(connect=10.0, read=config.timeout_s, write=30.0, pool=10.0)
+__all__ = ["PROVIDERS", "close_shared_client", "complete", "open_stream", "shared_client",
+           "stream_chat"]
 
 
 def _request_body(config: ModelConfig, messages: list[dict[str, Any]],
@@ -87,90 +57,6 @@ def _headers(config: ModelConfig) -> dict[str, str]:
     if key:
         headers["Authorization"] = f"Bearer {key}"
     return headers
-
-
-# -- errors --------------------------------------------------------------------------------
-def _server_message(response: httpx.Response) -> str:
-    """The `error.message` of an OpenAI-style error body, else the start of the body."""
-    try:
-        text = response.text
-    except (httpx.HTTPError, UnicodeDecodeError):
-        return ""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return " ".join(text.split())[:500]
-    if isinstance(data, dict):
-        error = data.get("error", data)
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-        if isinstance(error, str):
-            return error
-    return " ".join(text.split())[:500]
-
-
-def _status_error(config: ModelConfig, url: str, response: httpx.Response) -> ModelError:
-    status = response.status_code
-    message = _server_message(response) or response.reason_phrase or "no message"
-    hint = ""
-    if status in (401, 403):
-        hint = (f" (check the API key in the environment variable {config.api_key_env})"
-                if config.api_key_env else " (the endpoint needs an API key: set api_key_env)")
-    elif status == 404:
-        hint = f" (check base_url {config.base_url!r} and model {config.model!r})"
-    elif status < 400:
-        where = response.headers.get("location", "elsewhere")
-        hint = f" (redirected to {where}; set base_url to the endpoint itself)"
-    retryable = status in RETRYABLE_STATUS or status >= 500
-    return ModelError(f"model endpoint {url} answered HTTP {status}: {message}{hint}",
-                      retryable=retryable, status=status)
-
-
-def _retry_after(response: httpx.Response | None) -> float | None:
-    """Seconds asked for by a `Retry-After` header (delay-seconds or HTTP date)."""
-    if response is None:
-        return None
-    value = response.headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def _backoff(attempt: int, retry_after: float | None) -> float:
-    """Delay before retry number `attempt` (0-based): exponential with jitter, or Retry-After."""
-    if retry_after is not None:
-        return min(retry_after, MAX_BACKOFF_S) + random.uniform(0, 0.05)
-    delay = min(BACKOFF_BASE_S * 2 ** attempt, MAX_BACKOFF_S)
-    return random.uniform(delay / 2, delay)
-
-
-def _attempts(made: int, max_retries: int) -> str:
-    """How many requests a failed call made, for its error message."""
-    return f"{made} attempt{'s' if made > 1 else ''} made; max_retries is {max_retries}"
-
-
-def _transport_error(url: str, exc: httpx.HTTPError, config: ModelConfig) -> ModelError:
-    if isinstance(exc, httpx.ConnectTimeout):
-        what = "timed out connecting"
-    elif isinstance(exc, httpx.ReadTimeout):
-        what = f"sent nothing for {config.timeout_s:g} s (timeout_s)"
-    elif isinstance(exc, httpx.TimeoutException):
-        what = f"timed out ({type(exc).__name__})"
-    elif isinstance(exc, httpx.ConnectError):
-        what = f"could not be reached ({exc}); check base_url and that the server is running"
-    elif isinstance(exc, httpx.RemoteProtocolError):
-        what = f"closed the connection mid-response ({exc})"
-    else:
-        what = f"failed: {type(exc).__name__}: {exc}"
-    return ModelError(f"model endpoint {url} {what}", retryable=True)
 
 
 # -- SSE -------------------------------------------------------------------------------------
@@ -220,30 +106,12 @@ class _ToolCallBuffer:
         return calls
 
 
-def _sse_data(lines: Iterator[str]) -> Iterator[str]:
-    """The `data` of each server-sent event (multi-line data joined with newlines)."""
-    data: list[str] = []
-    for line in lines:
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        if field == "data":
-            data.append(value[1:] if value.startswith(" ") else value)
-    if data:
-        yield "\n".join(data)
-
-
 def _parse_stream(url: str, lines: Iterator[str]) -> Iterator[Piece]:
     """Pieces from the SSE lines of a chat.completion.chunk stream."""
     calls = _ToolCallBuffer()
     finished = False
     try:
-        for data in _sse_data(lines):
+        for _, data in transport.sse_events(lines):
             if data.strip() == "[DONE]":
                 finished = True
                 break
@@ -312,6 +180,12 @@ def _parse_whole(url: str, raw: bytes) -> Iterator[Piece]:
 
 
 # -- public API --------------------------------------------------------------------------------
+def _parse(url: str, response: httpx.Response) -> Iterator[Piece]:
+    if response.headers.get("content-type", "").startswith("application/json"):
+        return _parse_whole(url, response.read())  # a server that ignores `stream: true`
+    return _parse_stream(url, response.iter_lines())
+
+
 def stream_chat(
     config: ModelConfig,
     messages: list[dict[str, Any]],
@@ -323,46 +197,27 @@ def stream_chat(
 
     Raises `ModelError`. Closing the generator closes the HTTP response.
     """
-    try:
-        url = f"{config.url()}/chat/completions"
-    except ValueError as exc:
-        raise ModelError(str(exc)) from None
-    http = client or shared_client()
-    body = _request_body(config, messages, tools)
-    headers = _headers(config)
-    timeout = _timeout(config)
-    streamed = 0  # characters of text yielded
-    yielded = False  # any piece yielded: from then on, no retry
-    attempt = 0
-    while True:
-        response: httpx.Response | None = None
-        try:
-            with http.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
-                if response.status_code >= 300:
-                    response.read()
-                    raise _status_error(config, url, response)
-                if response.headers.get("content-type", "").startswith("application/json"):
-                    pieces = _parse_whole(url, response.read())  # a server that ignores stream
-                else:
-                    pieces = _parse_stream(url, response.iter_lines())
-                for piece in pieces:
-                    yielded = True
-                    if isinstance(piece, TextDelta):
-                        streamed += len(piece.text)
-                    yield piece
-            return
-        except ModelError as exc:
-            error = exc
-        except httpx.HTTPError as exc:
-            error = _transport_error(url, exc, config)
-        error.streamed, error.attempts = streamed, attempt + 1
-        if not error.retryable or yielded or attempt >= config.max_retries:
-            if error.retryable and not yielded:  # a 4xx is final: its count says nothing
-                error.message += f" ({_attempts(attempt + 1, config.max_retries)})"
-                error.args = (error.message,)
-            raise error
-        _sleep(_backoff(attempt, _retry_after(response) if error.status else None))
-        attempt += 1
+    url = transport.model_url(config, "/chat/completions")
+    yield from transport.stream_with_retries(
+        config, url, body=_request_body(config, messages, tools), headers=_headers(config),
+        parse=_parse, client=client)
+
+
+Provider = Callable[
+    [ModelConfig, list[dict[str, Any]], list[dict[str, Any]] | None, httpx.Client | None,
+     str | Path | None],
+    Iterator[Piece]]
+"""`(config, messages, tools, client, base_dir) -> stream`: one entry of `PROVIDERS`."""
+
+PROVIDERS: dict[str, Provider] = {
+    "openai": lambda config, messages, tools, client, base_dir: stream_chat(
+        config, messages, tools=tools, client=client),
+    "anthropic": lambda config, messages, tools, client, base_dir: stream_messages(
+        config, messages, tools=tools, client=client),
+    "replay": lambda config, messages, tools, client, base_dir: replay_stream(
+        config, messages, base_dir=base_dir),
+}
+"""The stream of each `ModelConfig.provider`."""
 
 
 def open_stream(
@@ -373,13 +228,12 @@ def open_stream(
     client: httpx.Client | None = None,
     base_dir: str | Path | None = None,
 ) -> Iterator[Piece]:
-    """A stream from the configured provider: the endpoint, or a replayed transcript.
+    """A stream from the configured provider (`PROVIDERS`): an OpenAI-compatible endpoint,
+    Anthropic's Messages API, or a replayed transcript.
 
     `base_dir` (the manifests directory) is where a relative replay transcript may live.
     """
-    if config.provider == "replay":
-        return replay_stream(config, messages, base_dir=base_dir)
-    return stream_chat(config, messages, tools=tools, client=client)
+    return PROVIDERS[config.provider](config, messages, tools, client, base_dir)
 
 
 def complete(
@@ -411,4 +265,4 @@ def complete(
             used += exc.attempts  # a clean failure has used the gateway's retries already
             if not (exc.retryable and exc.streamed) or used > config.max_retries:
                 raise
-        _sleep(_backoff(used - 1, None))
+        transport._sleep(transport.backoff(used - 1, None))

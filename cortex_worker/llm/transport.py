@@ -1,0 +1,243 @@
+"""What every HTTP model provider shares: the client, errors, Server-Sent Events, retries.
+
+* `shared_client()` / `close_shared_client()`: one process-wide `httpx.Client`.
+* `stream_with_retries(config, url, body=, headers=, parse=)`: POST `body` and yield the
+  pieces `parse(url, response)` reads from the response. Connection errors, timeouts, 408,
+  429 and 5xx (Anthropic's 529 "overloaded" included) are retried up to `config.max_retries`
+  times with exponential backoff (0.25 s base, jitter, `Retry-After` honoured up to 10 s), but
+  only while nothing has been yielded. Once the caller has seen a piece, a failure raises
+  `ModelError(retryable=True, streamed=<chars>)` and the caller decides. Other 4xx raise
+  `ModelError(retryable=False)` with the server's `error.message`. Closing the generator
+  closes the HTTP response.
+* `sse_events(lines)`: `(event name, data)` of each server-sent event.
+
+The OpenAI-compatible gateway (`gateway.py`) and the Anthropic Messages provider
+(`anthropic.py`) are both built on it, so their retry rules and error messages are the same.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+
+from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.stream import ModelError, Piece, TextDelta
+
+__all__ = [
+    "BACKOFF_BASE_S",
+    "MAX_BACKOFF_S",
+    "RETRYABLE_STATUS",
+    "backoff",
+    "close_shared_client",
+    "model_url",
+    "shared_client",
+    "sse_events",
+    "stream_with_retries",
+]
+
+BACKOFF_BASE_S = 0.25
+MAX_BACKOFF_S = 10.0
+RETRYABLE_STATUS = frozenset({408, 429})  # and every 5xx (529: Anthropic's "overloaded")
+
+Parser = Callable[[str, httpx.Response], Iterator[Piece]]
+"""Reads the pieces of one successful (2xx) response; raises `ModelError` on a bad stream."""
+
+_client: httpx.Client | None = None
+_client_lock = threading.Lock()
+_sleep = time.sleep  # tests may replace it
+
+
+def shared_client() -> httpx.Client:
+    """The process-wide HTTP client (thread-safe, created on first use)."""
+    global _client
+    with _client_lock:
+        if _client is None or _client.is_closed:
+            _client = httpx.Client(
+                limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+                follow_redirects=False,
+            )
+        return _client
+
+
+def close_shared_client() -> None:
+    """Close the process-wide client (a new one is created on next use)."""
+    global _client
+    with _client_lock:
+        if _client is not None:
+            _client.close()
+            _client = None
+
+
+def timeout(config: ModelConfig) -> httpx.Timeout:
+    return httpx.Timeout(connect=10.0, read=config.timeout_s, write=30.0, pool=10.0)
+
+
+def model_url(config: ModelConfig, path: str) -> str:
+    """`base_url` (its `${VAR}`s expanded) + `path`; an unset variable is a final ModelError."""
+    try:
+        return f"{config.url()}{path}"
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
+
+
+# -- errors --------------------------------------------------------------------------------
+def server_message(response: httpx.Response) -> str:
+    """The `error.message` of an error body (OpenAI's and Anthropic's shape alike), else the
+    start of the body."""
+    try:
+        text = response.text
+    except (httpx.HTTPError, UnicodeDecodeError):
+        return ""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return " ".join(text.split())[:500]
+    if isinstance(data, dict):
+        error = data.get("error", data)
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+    return " ".join(text.split())[:500]
+
+
+def status_error(config: ModelConfig, url: str, response: httpx.Response) -> ModelError:
+    status = response.status_code
+    message = server_message(response) or response.reason_phrase or "no message"
+    hint = ""
+    if status in (401, 403):
+        hint = (f" (check the API key in the environment variable {config.api_key_env})"
+                if config.api_key_env else " (the endpoint needs an API key: set api_key_env)")
+    elif status == 404:
+        hint = f" (check base_url {config.base_url!r} and model {config.model!r})"
+    elif status < 400:
+        where = response.headers.get("location", "elsewhere")
+        hint = f" (redirected to {where}; set base_url to the endpoint itself)"
+    retryable = status in RETRYABLE_STATUS or status >= 500
+    return ModelError(f"model endpoint {url} answered HTTP {status}: {message}{hint}",
+                      retryable=retryable, status=status)
+
+
+def retry_after(response: httpx.Response | None) -> float | None:
+    """Seconds asked for by a `Retry-After` header (delay-seconds or HTTP date)."""
+    if response is None:
+        return None
+    value = response.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def backoff(attempt: int, after: float | None) -> float:
+    """Delay before retry number `attempt` (0-based): exponential with jitter, or Retry-After."""
+    if after is not None:
+        return min(after, MAX_BACKOFF_S) + random.uniform(0, 0.05)
+    delay = min(BACKOFF_BASE_S * 2 ** attempt, MAX_BACKOFF_S)
+    return random.uniform(delay / 2, delay)
+
+
+def attempts_note(made: int, max_retries: int) -> str:
+    """How many requests a failed call made, for its error message."""
+    return f"{made} attempt{'s' if made > 1 else ''} made; max_retries is {max_retries}"
+
+
+def transport_error(url: str, exc: httpx.HTTPError, config: ModelConfig) -> ModelError:
+    if isinstance(exc, httpx.ConnectTimeout):
+        what = "timed out connecting"
+    elif isinstance(exc, httpx.ReadTimeout):
+        what = f"sent nothing for {config.timeout_s:g} s (timeout_s)"
+    elif isinstance(exc, httpx.TimeoutException):
+        what = f"timed out ({type(exc).__name__})"
+    elif isinstance(exc, httpx.ConnectError):
+        what = f"could not be reached ({exc}); check base_url and that the server is running"
+    elif isinstance(exc, httpx.RemoteProtocolError):
+        what = f"closed the connection mid-response ({exc})"
+    else:
+        what = f"failed: {type(exc).__name__}: {exc}"
+    return ModelError(f"model endpoint {url} {what}", retryable=True)
+
+
+# -- SSE -------------------------------------------------------------------------------------
+def sse_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
+    """`(event, data)` of each server-sent event: the `event:` name ("message" when none) and
+    the `data` (multi-line data joined with newlines). Comments and events without data are
+    skipped."""
+    data: list[str] = []
+    event = "message"
+    for line in lines:
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            data, event = [], "message"
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "data":
+            data.append(value)
+        elif field == "event":
+            event = value
+    if data:
+        yield event, "\n".join(data)
+
+
+# -- the request loop ------------------------------------------------------------------------
+def stream_with_retries(
+    config: ModelConfig,
+    url: str,
+    *,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    parse: Parser,
+    client: httpx.Client | None = None,
+) -> Iterator[Piece]:
+    """POST `body` to `url` and yield what `parse` reads, retrying as the module says.
+
+    A 3xx is an error (redirects are not followed: base_url should name the endpoint).
+    """
+    http = client or shared_client()
+    limits = timeout(config)
+    streamed = 0  # characters of text yielded
+    yielded = False  # any piece yielded: from then on, no retry
+    attempt = 0
+    while True:
+        response: httpx.Response | None = None
+        try:
+            with http.stream("POST", url, json=body, headers=headers, timeout=limits) as response:
+                if response.status_code >= 300:
+                    response.read()
+                    raise status_error(config, url, response)
+                for piece in parse(url, response):
+                    yielded = True
+                    if isinstance(piece, TextDelta):
+                        streamed += len(piece.text)
+                    yield piece
+            return
+        except ModelError as exc:
+            error = exc
+        except httpx.HTTPError as exc:
+            error = transport_error(url, exc, config)
+        error.streamed, error.attempts = streamed, attempt + 1
+        if not error.retryable or yielded or attempt >= config.max_retries:
+            if error.retryable and not yielded:  # a 4xx is final: its count says nothing
+                error.message += f" ({attempts_note(attempt + 1, config.max_retries)})"
+                error.args = (error.message,)
+            raise error
+        _sleep(backoff(attempt, retry_after(response) if error.status else None))
+        attempt += 1
