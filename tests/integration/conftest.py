@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from tests import harness
+from tests.fake_anthropic import FakeAnthropic
 from tests.fake_llm import FakeLLM
 
 HERE = Path(__file__).resolve().parent
@@ -101,11 +102,22 @@ def fake_llm() -> Iterator[FakeLLM]:
 
 
 @pytest.fixture(scope="session")
+def fake_anthropic() -> Iterator[FakeAnthropic]:
+    """The session's fake Anthropic Messages API server (tests/fake_anthropic.py), started
+    before any Cortex process: the `claude_tester` agent's `base_url` is
+    `${CORTEX_TEST_ANTHROPIC_URL}`, its `url`. It picks scripts by model name, like `fake_llm`."""
+    with FakeAnthropic() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def cortex_env(redis_server: harness.RedisServer, fake_llm: FakeLLM,
+               fake_anthropic: FakeAnthropic,
                tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Environment for Cortex processes: this environment without any inherited `CORTEX_*`,
     `CELERY_*` or `REDIS_URL`, plus the test Redis, the test manifests, a temp workspace root
-    and the fake model server (`CORTEX_TEST_LLM_URL`). Copy it before changing it."""
+    and the fake model servers (`CORTEX_TEST_LLM_URL`, `CORTEX_TEST_ANTHROPIC_URL`). Copy it
+    before changing it."""
     env = {
         key: value
         for key, value in os.environ.items()
@@ -122,6 +134,7 @@ def cortex_env(redis_server: harness.RedisServer, fake_llm: FakeLLM,
     env["CORTEX_MANIFESTS"] = str(MANIFESTS_DIR)
     env["CORTEX_WORKSPACE_ROOT"] = str(tmp_path_factory.mktemp("workspaces"))
     env["CORTEX_TEST_LLM_URL"] = fake_llm.url
+    env["CORTEX_TEST_ANTHROPIC_URL"] = fake_anthropic.url
     # llm actions in documents answer from the fake model server under the name "documents"
     env["CORTEX_DOCUMENT_MODEL"] = json.dumps(
         {"base_url": "${CORTEX_TEST_LLM_URL}", "model": "documents", "api_key_env": None})
