@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, Protocol
 
 from cortex_worker import dispatch
 from cortex_worker.actions.call import Call, ChildJob, Deferred
@@ -68,20 +68,14 @@ def action_timeout(spec: Mapping[str, Any]) -> float:
     return own if own is not None else get_settings().default_action_timeout_s
 
 
-class Busy(Exception):
-    """A canvas step's action is held by another delivery: deliver this step again in
-    `countdown` seconds (the task retries itself, keeping its place in its chain)."""
-
-    def __init__(self, countdown: float) -> None:
-        super().__init__(f"held by another delivery; looking again in {countdown:.1f} s")
-        self.countdown = countdown
-
-
-def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: bool) -> str:
+def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: bool,
+            again: Callable[[float], NoReturn] | None = None) -> str:
     """Run one action; `trigger` sends its ready dependents (readiness dispatch).
 
     Canvas steps (`trigger` false) carry no spec (a chain message holds every later step): it
-    is read here. Raises `Busy` when a canvas step's action is held by another delivery.
+    is read here. When another delivery holds the action, `again(countdown)` has this one
+    delivered again (it raises: a canvas step's task retries itself); without it a new
+    readiness task is sent.
     """
     store = get_store()
     if spec is None:
@@ -98,11 +92,11 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
     if state == "busy":
         # Another delivery runs it. Look again when its lease runs out (at most 5 s from now),
         # in a later delivery: nothing waits in this worker slot. A canvas step must not end
-        # before its action has (its chain would move on), so the step itself comes back; a
-        # readiness task is sent again.
+        # before its action has (its chain would move on), so the step itself comes back
+        # (`again`); a readiness task is sent again.
         wait = max(0.5, min(float(claim[2]) - time.time(), 5.0))
-        if not trigger:
-            raise Busy(wait)
+        if again is not None:
+            again(wait)
         dispatch.send(job_id, [spec], countdown=wait)
         return "busy"
     if state != "run":
@@ -131,7 +125,7 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
         if store.retry(job_id, action_id, {"action_id": action_id, "attempt": attempt,
                                            "status": status, "error": error}):
             time.sleep(min(0.1 * 2 ** (attempt - 1), 5.0))
-            return execute(job_id, action_id, spec, trigger)
+            return execute(job_id, action_id, spec, trigger, again)
         return "stop"
     return _record(store, job_id, action_id, spec, trigger, status, value, error, attempt,
                    started, finished)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Task
 from celery.signals import worker_init, worker_process_init
@@ -53,13 +53,13 @@ def run_canvas_action(self: Task, job_id: str, action_id: str,
 
 def _execute(task: Task, job_id: str, action_id: str, spec: dict[str, Any] | None,
              trigger: bool) -> str:
-    try:
-        return executor.execute(job_id, action_id, spec, trigger)
-    except executor.Busy as busy:
+    def again(countdown: float) -> NoReturn:
         # Another delivery holds the action: this same message is delivered again later. A
         # canvas step keeps its place in its chain (the chain does not move on before the
         # action has ended), and no worker slot waits meanwhile.
-        raise task.retry(countdown=busy.countdown) from None
+        raise task.retry(countdown=countdown)
+
+    return executor.execute(job_id, action_id, spec, trigger, None if trigger else again)
 
 
 @app.task(name="cortex.agent_turn", ignore_result=True)

@@ -208,18 +208,34 @@ def busy(monkeypatch: pytest.MonkeyPatch) -> BusyStore:
     return store
 
 
-def test_busy_canvas_step_asks_to_be_delivered_again(busy: BusyStore) -> None:
-    with pytest.raises(executor.Busy) as raised:
-        executor.execute("j1", "a", None, trigger=False)
+class Again(Exception):
+    """What `again` raises here (a task raises Celery's Retry)."""
+
+
+def again_after(countdowns: list[float]) -> Any:
+    def again(countdown: float) -> None:
+        countdowns.append(countdown)
+        raise Again
+
+    return again
+
+
+def test_busy_canvas_step_asks_to_be_delivered_again(busy: BusyStore,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(executor.dispatch, "send", lambda *a, **k: pytest.fail("sent a task"))
+    countdowns: list[float] = []
+    with pytest.raises(Again):
+        executor.execute("j1", "a", None, False, again_after(countdowns))
     assert busy.claims == 1  # one look, no polling
-    assert 1.5 < raised.value.countdown <= 2.0  # when the other holder's lease ends
+    assert len(countdowns) == 1 and 1.5 < countdowns[0] <= 2.0  # when the holder's lease ends
 
 
 def test_busy_step_looks_again_at_most_5_s_later(busy: BusyStore) -> None:
     busy.until = time.time() + 600
-    with pytest.raises(executor.Busy) as raised:
-        executor.execute("j1", "a", None, trigger=False)
-    assert raised.value.countdown == 5.0
+    countdowns: list[float] = []
+    with pytest.raises(Again):
+        executor.execute("j1", "a", None, False, again_after(countdowns))
+    assert countdowns == [5.0]
 
 
 def test_busy_readiness_task_is_sent_again(busy: BusyStore, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -231,7 +247,7 @@ def test_busy_readiness_task_is_sent_again(busy: BusyStore, monkeypatch: pytest.
     assert len(sent) == 1 and sent[0][:2] == ("j1", [spec]) and 1.5 < sent[0][2] <= 2.0
 
 
-def test_a_busy_action_task_retries_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_busy_canvas_step_task_retries_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     from cortex_worker import tasks
 
     class Retried(Exception):
@@ -242,14 +258,20 @@ def test_a_busy_action_task_retries_itself(monkeypatch: pytest.MonkeyPatch) -> N
             self.countdown = countdown
             return Retried()
 
-    def busy_execute(job_id: str, action_id: str, spec: Any, trigger: bool) -> str:
-        assert (job_id, action_id, spec, trigger) == ("j1", "a", None, False)
-        raise executor.Busy(1.25)
+    calls: list[tuple[Any, ...]] = []
+
+    def busy_execute(job_id: str, action_id: str, spec: Any, trigger: bool, again: Any) -> str:
+        calls.append((job_id, action_id, spec, trigger, again))
+        if again is not None:
+            again(1.25)
+        return "busy"
 
     monkeypatch.setattr(tasks.executor, "execute", busy_execute)
     task = FakeTask()
     with pytest.raises(Retried):
         tasks._execute(task, "j1", "a", None, False)  # type: ignore[arg-type]
     assert task.countdown == 1.25
+    assert tasks._execute(task, "j1", "a", {"id": "a"}, True) == "busy"  # type: ignore[arg-type]
+    assert calls[1][4] is None  # a readiness task sends a new one instead
     assert tasks.run_action.max_retries is None  # however long the other holder takes
     assert tasks.run_action.ignore_result  # no result backend write per step
