@@ -176,5 +176,8 @@ class CompactStep(Signature):
     @classmethod
     def from_dict(cls, d: dict[str, Any], app: Any = None) -> Signature:
         args = list(d["args"])
+        # argsrepr and kwargsrepr as Celery would write them for these plain strings, without
+        # its slower saferepr on every hop (the message's headers, shown by Flower)
         return Signature(d["task"], args=args, immutable=True, app=app,
-                         options={"queue": d["queue"], "task_id": ":".join(args)})
+                         options={"queue": d["queue"], "task_id": ":".join(args),
+                                  "argsrepr": repr(tuple(args)), "kwargsrepr": "{}"})

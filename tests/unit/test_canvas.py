@@ -145,7 +145,8 @@ def test_a_chain_message_carries_its_plain_steps_compact(monkeypatch: pytest.Mon
     again = signature(json.loads(json.dumps(rest[-1])), app=app)
     assert type(again) is Signature
     assert (again.task, again.args, again.kwargs, again.immutable, again.options) == (
-        "cortex.action", ("j1", "b"), {}, True, {"queue": "qb", "task_id": "j1:b"})
+        "cortex.action", ("j1", "b"), {}, True,
+        {"queue": "qb", "task_id": "j1:b", "argsrepr": "('j1', 'b')", "kwargsrepr": "{}"})
 
 
 def test_steps_compact_would_change_travel_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
