@@ -75,7 +75,7 @@ class Reconciler:
 
     def _job(self, job: JobRecord, now: float) -> int:
         last = job.progress_at or job.created_at
-        if job.status == "queued":
+        if job.status == "queued" or (job.status == "running" and job.kind != "agent" and not job.closed):
             if self._due_job(job.id, "@start", last, now):
                 self._warn(job.id, "start_redriven", f"the {job.kind} job had not started "
                            f"{now - job.created_at:.0f} s after it was queued; its start was sent again")
