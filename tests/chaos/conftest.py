@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests import harness
-from tests.fake_llm import FakeLLM
+from tests.fake_llm import FakeLLM, Turn
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
@@ -34,7 +34,7 @@ ENDED = {"completed", "failed", "cancelled"}
 TERMINAL_EVENTS = {"job_completed", "job_failed", "job_cancelled"}
 FAILURE_LOG_LINES = 40
 #: Recovery times measured by the tests, printed at the end of the run (docs/reliability.md).
-TIMINGS: dict[str, dict[str, float]] = {}
+TIMINGS: dict[str, dict[str, Any]] = {}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -191,9 +191,38 @@ def _harness_session() -> Iterator[None]:
         harness.stop_all()
 
 
+class ChaosLLM(FakeLLM):
+    """The fake model server, which can also answer a model by a function of each request
+    (`answer`) instead of a queue of turns: a turn that is generated again (its coordinator
+    died, the turn is replayed) gets the same text, as from a real model at temperature 0.
+    Models without such a function are served from their scripted queue as before."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._answers: dict[str, Callable[[dict[str, Any]], Turn]] = {}
+
+    def answer(self, model: str, answer: Callable[[dict[str, Any]], Turn]) -> None:
+        """Serve every request for `model` with `answer(request body)`."""
+        with self._lock:
+            self._answers[model] = answer
+
+    def _record(self, model: str, body: dict[str, Any], headers: dict[str, str]
+                ) -> tuple[int, Turn | None]:
+        index, turn = super()._record(model, body, headers)
+        with self._lock:
+            answer = self._answers.get(model)
+        return (index, turn) if answer is None else (index, answer(body))
+
+
+def turn_number(body: dict[str, Any]) -> int:
+    """The agent turn a chat request asks for: 1 + its `assistant` messages (as the `replay`
+    provider counts them, cortex_worker/llm/replay.py)."""
+    return 1 + sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
+
+
 @pytest.fixture(scope="session")
-def chaos_llm() -> Iterator[FakeLLM]:
-    with FakeLLM() as server:
+def chaos_llm() -> Iterator[ChaosLLM]:
+    with ChaosLLM() as server:
         yield server
 
 
