@@ -10,7 +10,7 @@ Each run is a fresh pytest process (its own Redis, workers, API and fake model).
 writes its figures to the JSON file named by `CORTEX_CHAOS_FIGURES`; the whole output of every
 run is kept in the log directory (`--logs`, default a new temporary directory), and a failed
 run's first assertion lines are printed. Re-run one with the same job shapes with
-`CORTEX_CHAOS_SEED=<seed> .venv/bin/python -m pytest -q tests/chaos/test_load_faults.py`.
+`CORTEX_CHAOS_SEED=<seed> .venv/bin/python -m pytest -q tests/chaos/test_load_faults.py -k load`.
 Exit status: 0 if every run passed, 1 otherwise.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-TEST = "tests/chaos/test_load_faults.py"
+TEST = "tests/chaos/test_load_faults.py::test_load_under_faults"
 RECOVERY = "last fault -> last completion (s)"
 RERUNS = "actions started more than once"
 MOST = "most starts of one action"
