@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cortex_worker.agents.spec import INTERNAL_ACTIONS, AgentSpec
 from cortex_worker.errors import CortexError
+from cortex_worker.mcp.spec import MCPServerSpec, link_mcp_server, needs_listing, tool_specs
 from cortex_worker.relics.spec import RelicSpec, builtin_relics, check_relic, link_relic
 from cortex_worker.tools.errors import ToolError
 from cortex_worker.tools.function import discover
@@ -69,6 +70,8 @@ class Registry:
     relics: dict[str, RelicSpec] = field(default_factory=dict)
     tool_modules: dict[str, ToolModuleSpec] = field(default_factory=dict)
     """Python modules whose `@tool` functions are tools (see `tools.function`)."""
+    mcp_servers: dict[str, MCPServerSpec] = field(default_factory=dict)
+    """MCP servers whose tools are tools named `<server>.<tool>` (see `cortex_worker.mcp`)."""
     sources: dict[tuple[str, str], str] = field(default_factory=dict)
     """(kind, name) → the file that declared it, or "<built-in>"."""
     directory: Path | None = None
@@ -135,6 +138,11 @@ def _check_tool(spec: ToolSpec) -> str | None:
         return (
             "runtime: 'builtin' is reserved for the tools built into the worker; "
             "use python, shell or docker"
+        )
+    if spec.runtime == "mcp":
+        return (
+            "runtime: 'mcp' tools come from MCP servers: declare the server with kind: MCPServer "
+            "and its tools are added as <server>.<tool>"
         )
     return None
 
@@ -249,6 +257,7 @@ KINDS: dict[str, Kind] = {
     "Agent": Kind("Agent", "agents", AgentSpec, _check_agent, _link_agent),
     "Workflow": Kind("Workflow", "workflows", WorkflowSpec, check_workflow, _link_workflow),
     "Relic": Kind("Relic", "relics", RelicSpec, check_relic, _link_relic),
+    "MCPServer": Kind("MCPServer", "mcp_servers", MCPServerSpec),
 }
 SECTIONS: dict[str, Kind] = {kind.section: kind for kind in KINDS.values()}
 
@@ -280,6 +289,8 @@ def load_registry(directory: Path | None, tool_modules: Sequence[str] = ()) -> R
     for kind, path, _, spec in loaded:  # before the links: agents name these tools
         if kind.name == "ToolModule":
             _add_function_tools(registry, [spec.name], _show(path))  # type: ignore[attr-defined]
+    _add_mcp_tools(registry, [(path, where, spec) for kind, path, where, spec in loaded
+                              if isinstance(spec, MCPServerSpec)])
     for kind, path, where, spec in loaded:  # cross-references: every file is loaded now
         if kind.link is None:
             continue
@@ -307,6 +318,42 @@ def _add_function_tools(registry: Registry, modules: Sequence[str], shown: str) 
                 sys.path.remove(path)
         for spec in specs:
             _add(registry, KINDS["Tool"], spec, f"{shown} (module {module})", spec.name)
+
+
+def _add_mcp_tools(registry: Registry,
+                   servers: Sequence[tuple[Path, str, MCPServerSpec]]) -> None:
+    """Add the tools of each MCP server, named `<server>.<tool>`: from its `tools:` pins, and
+    from what it answers to `tools/list` unless the pins give every tool's parameters (the
+    servers to ask are asked at once; a stdio one is started for that and stopped)."""
+    linked = [(path, where, link_mcp_server(spec, path)) for path, where, spec in servers]
+    for _, _, spec in linked:
+        registry.mcp_servers[spec.name] = spec
+    to_list = [spec for _, _, spec in linked if needs_listing(spec)]
+    listed: dict[str, Any] = {}
+    if to_list:
+        try:
+            from cortex_worker.mcp.client import list_tools
+        except ImportError as exc:
+            path, where, _ = next(item for item in linked if needs_listing(item[2]))
+            raise ManifestError(
+                f"{_show(path)}: {where}: listing an MCP server's tools needs the MCP SDK "
+                f"({exc}): pip install 'cortex[mcp]', or pin every tool with its parameters "
+                "under tools:") from None
+        listed = list_tools(to_list)
+    for path, where, spec in linked:
+        answer = listed.get(spec.name)
+        if isinstance(answer, Exception):
+            raise ManifestError(
+                f"{_show(path)}: {where}: cannot list the tools of MCP server {spec.name!r}: "
+                f"{answer} (pin them under tools:, with their parameters, to load the manifests "
+                "without asking the server)")
+        try:
+            specs = tool_specs(spec, answer)
+        except ValueError as exc:
+            raise ManifestError(f"{_show(path)}: {where}: {exc}") from None
+        for tool in specs:
+            _add(registry, KINDS["Tool"], tool, f"{_show(path)} (MCP server {spec.name})",
+                 tool.name)
 
 
 def manifest_files(directory: Path) -> list[Path]:

@@ -45,6 +45,10 @@ def run_tool(
         return _shell(spec, params, ctx)
     if spec.runtime == "docker":
         return _docker(spec, params, ctx)
+    if spec.runtime == "mcp":
+        from cortex_worker.mcp.runner import run_mcp_tool  # the MCP SDK loads where it runs
+
+        return run_mcp_tool(spec, params, ctx)
     raise ToolError(f"tool {spec.name!r}: unknown runtime {spec.runtime!r}")
 
 

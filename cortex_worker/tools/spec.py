@@ -9,7 +9,17 @@ from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, ValidationError, best_match
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+from pydantic_core import ValidationError as PydanticValidationError
 
 from cortex_worker.tools.errors import ToolError
 
@@ -23,7 +33,9 @@ __all__ = [
     "validate_parameters",
 ]
 
-Runtime = Literal["python", "shell", "docker", "builtin"]
+Runtime = Literal["python", "shell", "docker", "builtin", "mcp"]
+DECLARED_RUNTIMES = ("python", "shell", "docker", "builtin")
+"""The runtimes a `kind: Tool` names (`mcp` tools come from `kind: MCPServer`)."""
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 """A tool or workflow name."""
@@ -44,6 +56,7 @@ _RUNTIME_FIELDS: dict[str, tuple[set[str], set[str]]] = {
     "shell": ({"command"}, {"command", "network"}),
     "docker": ({"image"}, {"image", "command", *_DOCKER_OPTIONS}),
     "builtin": (set(), {"entrypoint"}),
+    "mcp": ({"server"}, {"server"}),
 }
 
 
@@ -83,6 +96,10 @@ class ToolSpec(BaseModel):
         default=None, min_length=1, description="shell/docker argv template with {param}s"
     )
     image: str | None = Field(default=None, min_length=1, description="docker image")
+    server: str | None = Field(
+        default=None, description="mcp: the MCP server (kind: MCPServer) that runs it; the "
+        "tool's name there is what follows `<server>.`"
+    )
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     returns: dict[str, Any] | None = Field(default=None, description="documentation only")
     timeout: float | None = Field(default=None, gt=0, description="seconds; caps the action's")
@@ -99,11 +116,23 @@ class ToolSpec(BaseModel):
     )
 
     _validator: Draft202012Validator | None = PrivateAttr(default=None)
+    _mcp_server: Any = PrivateAttr(default=None)
 
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
         return check_name(name, "tool")
+
+    @field_validator("runtime", mode="wrap")
+    @classmethod
+    def _runtime(cls, runtime: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(runtime)
+        except PydanticValidationError:  # name what a manifest may write, not `mcp`
+            *first, last = DECLARED_RUNTIMES
+            raise PydanticCustomError(
+                "literal_error", "Input should be {expected}",
+                {"expected": f"{', '.join(map(repr, first))} or {last!r}"}) from None
 
     @field_validator("entrypoint")
     @classmethod
@@ -135,7 +164,7 @@ class ToolSpec(BaseModel):
     @model_validator(mode="after")
     def _runtime_fields(self) -> ToolSpec:
         required, allowed = _RUNTIME_FIELDS[self.runtime]
-        fields = ("entrypoint", "command", "image", *_DOCKER_OPTIONS)
+        fields = ("entrypoint", "command", "image", "server", *_DOCKER_OPTIONS)
         given = {f for f in fields if getattr(self, f) is not None}
         if missing := sorted(required - given):
             raise ValueError(f"runtime {self.runtime!r} needs {' and '.join(missing)}")
@@ -168,6 +197,11 @@ class ToolSpec(BaseModel):
                 self.parameters, format_checker=Draft202012Validator.FORMAT_CHECKER
             )
         return self._validator
+
+    @property
+    def mcp_server(self) -> Any:
+        """mcp: the `MCPServerSpec` of `server` (set by `cortex_worker.mcp.spec`), or None."""
+        return self._mcp_server
 
 
 def check_name(name: str, kind: str, *, dots: bool = True) -> str:
@@ -264,8 +298,9 @@ def describe_error(error: ValidationError) -> str:
 
 
 def queue_for(spec: ToolSpec) -> str:
-    """The Celery queue that runs this tool."""
-    return "docker" if spec.runtime == "docker" else "tool"
+    """The Celery queue that runs this tool: MCP tools run where their server lives, on the
+    relic pool (one long-lived server per worker process, see docs/relics.md)."""
+    return {"docker": "docker", "mcp": "relic"}.get(spec.runtime, "tool")
 
 
 # ---------------------------------------------------------------- built-in tools
