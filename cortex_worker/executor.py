@@ -82,9 +82,30 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
         spec = store.spec(job_id, action_id)
         if spec is None:
             return "stop"  # the job has expired
-    names = sorted(find_references(spec.get("parameters", {})))
     timeout = action_timeout(spec)
     lease = timeout + LEASE_GRACE_S
+    limit = ACTION_TYPES[spec["type"]].concurrency(get_registry(), spec["name"])
+    if limit is None:
+        return _claim_and_run(store, job_id, action_id, spec, trigger, timeout, lease, again)
+    # max_concurrency: a slot first (nothing is claimed or logged while the action waits)
+    holder = f"{job_id}:{action_id}"
+    waiting = {"job_id": job_id, "spec": spec} if trigger else None
+    if not store.take_slot(spec["name"], holder, limit, lease, waiting):
+        if again is not None:
+            again(1.0)  # a canvas step keeps its place in its chain (its task retries)
+        store.throttle(job_id, action_id)  # it is sent again when a slot frees
+        return "throttled"
+    try:
+        return _claim_and_run(store, job_id, action_id, spec, trigger, timeout, lease, again)
+    finally:
+        for entry in store.give_slot(spec["name"], holder, limit):
+            dispatch.send(entry["job_id"], [entry["spec"]])
+
+
+def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, Any],
+                   trigger: bool, timeout: float, lease: float,
+                   again: Callable[[float], NoReturn] | None) -> str:
+    names = sorted(find_references(spec.get("parameters", {})))
     claim = store.claim(job_id, action_id, owner(), lease, names)
     if claim[0] == "busy" and is_dead(store, claim[1]):  # its holder died: take it over
         claim = store.claim(job_id, action_id, owner(), lease, names, force=True)

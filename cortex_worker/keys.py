@@ -79,6 +79,17 @@ def alive_key(owner: str) -> str:
     return f"{PREFIX}:alive:{owner}"
 
 
+def tool_slots_key(tool: str) -> str:
+    """Sorted set: the calls of a `max_concurrency` tool running now (`job:action` scored by
+    the end of its lease, so a dead worker's slot frees itself)."""
+    return f"{PREFIX}:tool:{tool}:slots"
+
+
+def tool_waiting_key(tool: str) -> str:
+    """List: the calls of a `max_concurrency` tool waiting for a slot (JSON: job_id, spec)."""
+    return f"{PREFIX}:tool:{tool}:waiting"
+
+
 def session_key(session_id: str) -> str:
     """A session's hash; its messages and jobs are lists at `:messages` and `:jobs`."""
     return f"{PREFIX}:session:{session_id}"

@@ -27,11 +27,13 @@ import time
 from typing import Any
 
 from cortex_worker import dispatch, executor, jobs
+from cortex_worker.actions.table import ACTION_TYPES
 from cortex_worker.keys import RECONCILER_LOCK
 from cortex_worker.kinds import KINDS
 from cortex_worker.liveness import Heartbeat, dead
 from cortex_worker.owners import CHILD_OWNER, owner
 from cortex_worker.record import JobRecord
+from cortex_worker.runtime import get_registry
 from cortex_worker.settings import Settings
 from cortex_worker.store import ActionState, Store
 
@@ -114,7 +116,8 @@ class Reconciler:
     def _redrive(self, job_id: str, action_id: str, state: ActionState, gone: set[str],
                  now: float) -> dict[str, Any] | None:
         if state.status == "queued" and state.owner is None:
-            if not self._due(state.queued_at, state.redrives, now):
+            if not self._due(state.queued_at, state.redrives, now) \
+                    or self._waits_for_slot(job_id, action_id, state):
                 return None
             outcome, value = self.store.redrive(
                 job_id, action_id, "", f"action {action_id!r} was queued "
@@ -140,6 +143,17 @@ class Reconciler:
                                     f"(max_redrives is {self.settings.max_redrives})")
             return None
         return value if outcome == "send" else None
+
+    def _waits_for_slot(self, job_id: str, action_id: str, state: ActionState) -> bool:
+        """A queued action of a `max_concurrency` tool waits its turn while the tool's slots
+        are all taken (a freed slot sends it); with a slot free, its wake-up was lost."""
+        if state.throttled_at is None:
+            return False
+        spec = self.store.spec(job_id, action_id)
+        if spec is None:
+            return False
+        limit = ACTION_TYPES[spec["type"]].concurrency(get_registry(), spec["name"])
+        return limit is not None and self.store.slots_in_use(spec["name"]) >= limit
 
     def _warn(self, job_id: str, kind: str, message: str) -> None:
         log.warning("job %s: %s", job_id, message)

@@ -27,6 +27,8 @@ from cortex_worker.keys import (
     job_keys,
     session_key,
     tenant_index,
+    tool_slots_key,
+    tool_waiting_key,
 )
 from cortex_worker.record import DEFAULT_TENANT, JobRecord, encode
 
@@ -35,9 +37,10 @@ RECONNECT_RETRIES = 40  # with a 1 s backoff cap: about 35 s without Redis
 
 
 @cache
-def _lua(name: str) -> str:
+def _lua(name: str, prelude: bool = True) -> str:
     folder = resources.files("cortex_worker") / "lua"
-    return (folder / "prelude.lua").read_text() + "\n" + (folder / f"{name}.lua").read_text()
+    body = (folder / f"{name}.lua").read_text()
+    return (folder / "prelude.lua").read_text() + "\n" + body if prelude else body
 
 
 def dumps(value: Any) -> str:
@@ -59,6 +62,7 @@ class ActionState:
     lease_until: float | None
     queued_at: float | None  # when it was last queued (or sent again)
     redrives: int  # times the reconciler sent it again
+    throttled_at: float | None = None  # when it began to wait for a tool slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +82,8 @@ class Store:
         self._scripts = {name: client.register_script(_lua(name))
                          for name in ("emit", "register", "claim", "finish", "retry", "close", "requeue",
                                       "resume", "begin", "redrive")}
+        self._tool_scripts = {name: client.register_script(_lua(name, prelude=False))
+                              for name in ("slot_take", "slot_give")}
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -256,8 +262,10 @@ class Store:
                 owner, _, until = leases[action_id].rpartition("|")
                 expiry = float(until)
             queued = timings.get(f"q|{action_id}")
+            throttled = timings.get(f"w|{action_id}")
             out[action_id] = ActionState(status, owner, expiry, float(queued) if queued else None,
-                                         int(redrives.get(action_id, 0)))
+                                         int(redrives.get(action_id, 0)),
+                                         float(throttled) if throttled else None)
         return out
 
     def redrive(self, job_id: str, action_id: str, dead_owner: str, why: str,
@@ -287,6 +295,31 @@ class Store:
         lease = self.redis.hget(key, action_id)
         if lease is not None:
             self.redis.hset(key, action_id, f"{holder}|{lease.rpartition('|')[2]}")
+
+    # -- tools with max_concurrency -----------------------------------------------------------
+    def take_slot(self, tool: str, holder: str, limit: int, lease_s: float,
+                  waiting: dict[str, Any] | None) -> bool:
+        """Take one of the tool's `limit` slots for `holder` (for `lease_s` seconds); if none
+        is free, put `waiting` in line (sent again when a slot frees) and return False."""
+        now = time.time()
+        keys = [tool_slots_key(tool), tool_waiting_key(tool)]
+        return bool(self._tool_scripts["slot_take"](keys=keys, args=[
+            holder, repr(now), repr(now + lease_s), limit, dumps(waiting) if waiting else ""]))
+
+    def give_slot(self, tool: str, holder: str, limit: int) -> list[dict[str, Any]]:
+        """Give back `holder`'s slot; returns the waiting calls to send now."""
+        keys = [tool_slots_key(tool), tool_waiting_key(tool)]
+        out = self._tool_scripts["slot_give"](keys=keys, args=[holder, repr(time.time()), limit])
+        return [json.loads(entry) for entry in out]
+
+    def slots_in_use(self, tool: str) -> int:
+        key = tool_slots_key(tool)
+        self.redis.zremrangebyscore(key, "-inf", time.time())
+        return int(self.redis.zcard(key))
+
+    def throttle(self, job_id: str, action_id: str) -> None:
+        """Mark a queued action as waiting for a tool slot (claiming it clears the mark)."""
+        self.redis.hset(job_keys(job_id).timings, f"w|{action_id}", repr(time.time()))
 
     def beat(self, owner: str, ttl_s: float) -> None:
         """Say that worker process `owner` is alive for the next `ttl_s` seconds."""

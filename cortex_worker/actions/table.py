@@ -136,6 +136,8 @@ class ActionType:
     check: Callable[[Target], list[Problem]]  # problems that stop a job from starting
     runner: str  # "module:function" taking a `Call`
     timeout: Callable[[Tables, str], float | None] = lambda registry, name: None
+    #: how many actions on `name` may run at once across the cluster (None: no limit)
+    concurrency: Callable[[Tables, str], int | None] = lambda registry, name: None
 
 
 def _unknown(what: str, known: Mapping[str, Any], target: Target) -> list[Problem]:
@@ -203,13 +205,18 @@ def _tool_timeout(registry: Tables, name: str) -> float | None:
     return float(tool.timeout) if tool is not None and tool.timeout else None
 
 
+def _tool_concurrency(registry: Tables, name: str) -> int | None:
+    tool = registry.tools.get(name)
+    return tool.max_concurrency if tool is not None else None
+
+
 def _on(queue: str) -> Callable[[Tables, str], str]:
     return lambda registry, name: queue
 
 
 ACTION_TYPES: dict[str, ActionType] = {row.name: row for row in (
     ActionType("tool", _tool_queue, _check_tool, "cortex_worker.targets:run_tool_action",
-               _tool_timeout),
+               _tool_timeout, _tool_concurrency),
     ActionType("llm", _on("llm"), _check_llm, "cortex_worker.targets:run_llm_action"),
     ActionType("agent", _on("agent"), _check_agent, "cortex_worker.targets:run_agent_action"),
     ActionType("relic", _on("relic"), _check_relic,

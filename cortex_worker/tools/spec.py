@@ -103,6 +103,9 @@ class ToolSpec(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
     returns: dict[str, Any] | None = Field(default=None, description="documentation only")
     timeout: float | None = Field(default=None, gt=0, description="seconds; caps the action's")
+    max_concurrency: int | None = Field(
+        default=None, gt=0, description="calls of this tool that run at once across the whole "
+        "cluster; the others wait, without holding a worker slot, until one ends")
     limits: Limits = Field(default_factory=Limits)
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
     network: Literal["none", "host"] | None = Field(

@@ -131,3 +131,11 @@ def count_calls(key: str) -> dict[str, Any]:
     calls = int(counter.read_text()) + 1 if counter.exists() else 1
     counter.write_text(str(calls))
     return {"key": key, "calls": calls, "job": Path.cwd().name}
+
+
+def nap(seconds: float) -> dict[str, float]:
+    """Sleep (the rate_limited tool: at most two at once)."""
+    import time
+
+    time.sleep(seconds)
+    return {"slept": seconds}

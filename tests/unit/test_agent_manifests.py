@@ -156,8 +156,9 @@ def test_system_prompt_file_is_read_relative_to_the_manifest(tmp_path: Path) -> 
             "m/agents.yaml: agents[0] 'a': tools[1]: 'echo' is listed twice",
         ),
         (
-            "agents:\n  - name: a\n    model: {provider: anthropic}\n",
-            "m/agents.yaml: agents[0] 'a': model.provider: Input should be 'openai' or 'replay'",
+            "agents:\n  - name: a\n    model: {provider: gemini}\n",
+            "m/agents.yaml: agents[0] 'a': model.provider: Input should be 'openai', 'anthropic' "
+            "or 'replay'",
         ),
         (
             "agents:\n  - name: a\n    model: {api_key: sk-123}\n",

@@ -25,7 +25,8 @@ TEST_TOOLS = {
     "web_scraper", "arxiv_search", "news_api", "api_call", "data_collector", "quick_analyzer",
     "log_aggregator", "metrics_collector", "debug_tracer", "fail", "flaky", "count_calls",
     "word_count", "box_echo", "box_wc", "box_sleep", "box_sh", "box_net", "box_net_host",
-    "box_missing",
+    "box_missing", "rate_limited",
+    "distance", "shout",  # @tool functions of function_tools.py (kind: ToolModule)
 }  # fmt: skip
 
 
@@ -137,7 +138,7 @@ def test_error_names_file_section_index_name_and_field(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("manifest", "message"),
     [
-        ("kind: Agnet\nname: x\n", "x.yaml: kind: unknown kind 'Agnet' (expected one of: Tool, Agent, "),
+        ("kind: Agnet\nname: x\n", "x.yaml: kind: unknown kind 'Agnet' (expected one of: Tool, ToolModule, Agent, "),
         ("name: x\nruntime: python\n", "x.yaml: missing 'kind'"),
         ("- 1\n- 2\n", "x.yaml: a manifest must be a mapping with 'kind', got list"),
         ("tools: {name: x}\n", "x.yaml: tools: must be a list of tools"),

@@ -1,0 +1,65 @@
+"""`max_concurrency`: at most that many calls of a tool run at once across the cluster; the
+others wait without holding a worker slot, so other work goes on (real workers, real Redis)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.integration.test_documents import follow, of, submit
+
+LIMIT = 2  # tests/manifests/tools.yaml: rate_limited
+
+
+def calls(count: int, seconds: float) -> str:
+    body = json.dumps({"name": "rate_limited", "parameters": {"seconds": seconds}})
+    return "".join(f'<action type="tool" mode="async" id="r{i}">{body}</action>'
+                   for i in range(count)) + "<response>done</response>"
+
+
+def most_at_once(events: list[dict[str, Any]]) -> int:
+    """The most actions running at the same moment, from their start and end events."""
+    edges = sorted([(e["ts"], 1) for e in of(events, "action_started")]
+                   + [(e["ts"], -1) for e in of(events, "action_completed")],
+                   key=lambda edge: (edge[0], edge[1]))
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def started_job(api: Any, protocol: str, **options: Any) -> str:
+    response = submit(api, protocol, **options)
+    assert response.status_code == 202, response.text
+    return response.json()["id"]
+
+
+@pytest.mark.parametrize("canvas", [False, True])
+def test_a_tool_never_runs_more_than_its_max_concurrency(workers: Any, api: Any,
+                                                         canvas: bool) -> None:
+    job_id = started_job(api, calls(8, 0.3), canvas=canvas, max_parallel=100)
+    events = follow(api, job_id)
+    assert events[-1]["type"] == "job_completed", [e["type"] for e in events]
+    assert most_at_once(events) <= LIMIT
+    for i in range(8):  # each ran once: a call that waited logged nothing until it ran
+        assert len(of(events, "action_started", f"r{i}")) == 1
+        assert len(of(events, "action_completed", f"r{i}")) == 1
+    assert not [w for w in of(events, "warning") if w["data"].get("kind") == "action_redriven"]
+
+
+def test_waiting_calls_hold_no_worker_slot(workers: Any, api: Any) -> None:
+    """16 calls wait for 2 slots of a 4-slot tool pool; another job's actions run meanwhile."""
+    limited = started_job(api, calls(16, 0.25), canvas=False, max_parallel=100)
+    other = started_job(api, "".join(
+        f'<action type="tool" mode="async" id="e{i}">{{"name": "echo", "parameters": '
+        f'{{"message": {i}}}}}</action>' for i in range(6)) + "<response>ok</response>")
+    other_events = follow(api, other)
+    limited_events = follow(api, limited)
+    assert other_events[-1]["type"] == "job_completed"
+    assert limited_events[-1]["type"] == "job_completed"
+    assert most_at_once(limited_events) <= LIMIT
+    # the other job finished while the limited one still had calls waiting (≈ 2 s in all)
+    assert other_events[-1]["ts"] < of(limited_events, "action_started")[-1]["ts"]
