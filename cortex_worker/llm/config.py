@@ -41,6 +41,11 @@ class ModelConfig(BaseModel):
     max_retries: int = Field(default=3, ge=0, le=10)
     native_tools: bool = Field(default=False,
                                description="also offer the tools as native function calls")
+    grammar: Literal["gbnf", "lark", "ebnf", "structural_tag"] | None = Field(
+        default=None,
+        description="constrain decoding to the protocol with a grammar generated from the "
+                    "agent's manifest (cortex_worker.llm.grammar): gbnf for llama.cpp, lark or "
+                    "ebnf for vLLM / SGLang, structural_tag for XGrammar; off by default")
     transcript: str | None = Field(default=None, description="replay: a transcript file")
     tokens_per_second: float = Field(default=50.0, gt=0, description="replay speed")
 
@@ -50,6 +55,15 @@ class ModelConfig(BaseModel):
         if isinstance(data, dict) and data.get("provider") in PROVIDER_DEFAULTS:
             data = {**PROVIDER_DEFAULTS[data["provider"]], **data}
         return data
+
+    @field_validator("grammar")
+    @classmethod
+    def _grammar_engine(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("provider") == "anthropic":
+            raise ValueError("provider anthropic cannot constrain decoding with a grammar; "
+                             "grammars are for OpenAI-compatible engines (llama.cpp, vLLM, "
+                             "SGLang)")
+        return value
 
     @field_validator("temperature")
     @classmethod

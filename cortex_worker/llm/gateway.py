@@ -29,6 +29,7 @@ import httpx
 from cortex_worker.llm import transport
 from cortex_worker.llm.anthropic import stream_messages
 from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.grammar import Grammar, request_fields
 from cortex_worker.llm.replay import replay_stream
 from cortex_worker.llm.stream import ModelError, Piece, TextDelta, ToolCall, Usage
 from cortex_worker.llm.transport import close_shared_client, shared_client
@@ -38,7 +39,8 @@ __all__ = ["PROVIDERS", "close_shared_client", "complete", "open_stream", "share
 
 
 def _request_body(config: ModelConfig, messages: list[dict[str, Any]],
-                  tools: list[dict[str, Any]] | None, *, stream: bool = True) -> dict[str, Any]:
+                  tools: list[dict[str, Any]] | None, *, stream: bool = True,
+                  grammar: Grammar | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"model": config.model, "messages": messages, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -48,6 +50,11 @@ def _request_body(config: ModelConfig, messages: list[dict[str, Any]],
         body["max_tokens"] = config.max_tokens
     if tools:
         body["tools"] = tools
+    if grammar is not None:  # the fields of the engine of `config.grammar` (grammar.FLAVOURS)
+        if config.grammar is None:
+            raise ModelError("a grammar was given, but the model's `grammar` names no flavour "
+                             "(gbnf, lark, ebnf or structural_tag)")
+        body.update(request_fields(config.grammar, grammar))
     return body
 
 
@@ -192,29 +199,33 @@ def stream_chat(
     *,
     tools: list[dict[str, Any]] | None = None,
     client: httpx.Client | None = None,
+    grammar: Grammar | None = None,
 ) -> Iterator[Piece]:
     """Stream one chat completion: `TextDelta`s, then complete `ToolCall`s, then `Usage`.
 
-    Raises `ModelError`. Closing the generator closes the HTTP response.
+    `grammar` (from `grammar.build_grammar`) constrains the decoding, sent in the request
+    fields of the flavour `config.grammar`. Raises `ModelError`. Closing the generator closes
+    the HTTP response.
     """
     url = transport.model_url(config, "/chat/completions")
     yield from transport.stream_with_retries(
-        config, url, body=_request_body(config, messages, tools), headers=_headers(config),
-        parse=_parse, client=client)
+        config, url, body=_request_body(config, messages, tools, grammar=grammar),
+        headers=_headers(config), parse=_parse, client=client)
 
 
 Provider = Callable[
     [ModelConfig, list[dict[str, Any]], list[dict[str, Any]] | None, httpx.Client | None,
-     str | Path | None],
+     str | Path | None, Grammar | None],
     Iterator[Piece]]
-"""`(config, messages, tools, client, base_dir) -> stream`: one entry of `PROVIDERS`."""
+"""`(config, messages, tools, client, base_dir, grammar) -> stream`: one entry of `PROVIDERS`.
+Only `openai` (OpenAI-compatible engines) constrains decoding; a replay ignores a grammar."""
 
 PROVIDERS: dict[str, Provider] = {
-    "openai": lambda config, messages, tools, client, base_dir: stream_chat(
+    "openai": lambda config, messages, tools, client, base_dir, grammar: stream_chat(
+        config, messages, tools=tools, client=client, grammar=grammar),
+    "anthropic": lambda config, messages, tools, client, base_dir, grammar: stream_messages(
         config, messages, tools=tools, client=client),
-    "anthropic": lambda config, messages, tools, client, base_dir: stream_messages(
-        config, messages, tools=tools, client=client),
-    "replay": lambda config, messages, tools, client, base_dir: replay_stream(
+    "replay": lambda config, messages, tools, client, base_dir, grammar: replay_stream(
         config, messages, base_dir=base_dir),
 }
 """The stream of each `ModelConfig.provider`."""
@@ -227,13 +238,15 @@ def open_stream(
     *,
     client: httpx.Client | None = None,
     base_dir: str | Path | None = None,
+    grammar: Grammar | None = None,
 ) -> Iterator[Piece]:
     """A stream from the configured provider (`PROVIDERS`): an OpenAI-compatible endpoint,
     Anthropic's Messages API, or a replayed transcript.
 
     `base_dir` (the manifests directory) is where a relative replay transcript may live.
+    `grammar`: `build_grammar(agent, registry, config.grammar)`, or None.
     """
-    return PROVIDERS[config.provider](config, messages, tools, client, base_dir)
+    return PROVIDERS[config.provider](config, messages, tools, client, base_dir, grammar)
 
 
 def complete(
