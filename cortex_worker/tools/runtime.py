@@ -46,10 +46,17 @@ def run_tool(
     if spec.runtime == "docker":
         return _docker(spec, params, ctx)
     if spec.runtime == "mcp":
-        from cortex_worker.mcp.runner import run_mcp_tool  # the MCP SDK loads where it runs
-
-        return run_mcp_tool(spec, params, ctx)
+        return _mcp(spec, params, ctx)
     raise ToolError(f"tool {spec.name!r}: unknown runtime {spec.runtime!r}")
+
+
+def _mcp(spec: ToolSpec, params: dict[str, Any], ctx: ToolContext) -> Any:
+    try:  # the MCP SDK loads where MCP tools run (the relic pool)
+        from cortex_worker.mcp.runner import run_mcp_tool
+    except ImportError as exc:
+        raise ToolError(f"tool {spec.name!r} comes from an MCP server, and this worker cannot "
+                        f"run MCP tools ({exc}): pip install 'cortex[mcp]'") from exc
+    return run_mcp_tool(spec, params, ctx)
 
 
 def _builtin(spec: ToolSpec, params: dict[str, Any], ctx: ToolContext) -> Any:
