@@ -93,7 +93,8 @@ def event_loop() -> asyncio.AbstractEventLoop:
 
 def process_env(spec: MCPServerSpec, home: Path) -> dict[str, str]:
     """The whole environment of a stdio server: nothing of the worker's is inherited."""
-    path = os.pathsep.join(dict.fromkeys([str(Path(sys.executable).parent), *RELIC_PATH.split(":")]))
+    dirs = [str(Path(sys.executable).parent), *RELIC_PATH.split(os.pathsep)]
+    path = os.pathsep.join(dict.fromkeys(dirs))
     return {"PATH": path, "LANG": "C.UTF-8", "HOME": str(home), "TMPDIR": str(home),
             **server_env(spec)}
 
@@ -250,10 +251,16 @@ async def _list_all(session: ClientSession) -> list[dict[str, Any]]:
             return tools
 
 
-def describe(exc: BaseException) -> str:
-    """One line for an exception, task groups unwrapped."""
+def _leaf(exc: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    return exc
+
+
+def describe(exc: BaseException) -> str:
+    """One line for an exception, task groups unwrapped."""
+    exc = _leaf(exc)
     if isinstance(exc, MCPError):
         return f"{exc.message} (MCP error {exc.code})"
     if isinstance(exc, TimeoutError):
@@ -279,12 +286,18 @@ class Connection:
         ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._held = asyncio.run_coroutine_threadsafe(self._hold(ready, timeout), event_loop())
         try:
-            ready.result(timeout + CALL_GRACE_S)
+            try:
+                ready.result(timeout + CALL_GRACE_S)
+            except BaseExceptionGroup as group:  # from the connecting task's task groups
+                raise _leaf(group) from None
         except (TimeoutError, concurrent.futures.TimeoutError) as exc:
             self.close()
             raise ToolTimeout(f"MCP server {self.spec.name!r} did not answer initialize and "
                               f"tools/list within {timeout:g}s (startup_timeout_s)") from exc
-        except BaseException as exc:
+        except (KeyboardInterrupt, SystemExit):
+            self.close()
+            raise
+        except BaseException as exc:  # what the connecting task raised, cancellation included
             self.close()
             raise ToolError(f"MCP server {self.spec.name!r} cannot be connected to: "
                             f"{describe(exc)}") from exc
@@ -483,8 +496,7 @@ async def _list_once(spec: MCPServerSpec) -> list[dict[str, Any]]:
 
 
 def _why_not_listed(spec: MCPServerSpec, exc: BaseException) -> str:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
+    exc = _leaf(exc)
     if isinstance(exc, TimeoutError):
         return (f"it did not answer initialize and tools/list within "
                 f"{spec.startup_timeout_s:g}s (startup_timeout_s)")

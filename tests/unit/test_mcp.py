@@ -333,6 +333,32 @@ def test_stopped_when_idle_never_during_a_call(tmp_path: Path) -> None:
         manager.stop_all()
 
 
+def test_a_server_that_stops_answering_pings_is_restarted(manager: MCPManager) -> None:
+    spec = MCPServerSpec(name="pinged", command=["{python}", str(FAULTY)],
+                         health={"interval_s": 0.01, "timeout_s": 0.5})
+    first = pid_of(manager, spec)
+    assert pid_of(manager, spec) == first  # pinged, answered, reused
+    os.kill(first, signal.SIGSTOP)  # alive, but deaf
+    time.sleep(0.05)  # past health.interval_s: the next call pings first
+    threading.Timer(1.0, lambda: os.kill(first, signal.SIGCONT)).start()  # so it can stop
+    assert pid_of(manager, spec) != first
+    manager.stop("pinged")
+
+
+def test_a_server_that_does_not_answer_initialize_in_time(tmp_path: Path) -> None:
+    write(tmp_path, "mcp.yaml", 'kind: MCPServer\nname: mute\nstartup_timeout_s: 0.5\n'
+                                'command: ["{python}", "-c", "import time; time.sleep(60)"]\n')
+    assert "it did not answer initialize and tools/list within 0.5s (startup_timeout_s)" in \
+        load_error(tmp_path)
+    manager = MCPManager(tmp_path / "mcp")
+    spec = MCPServerSpec(name="mute", startup_timeout_s=0.5,
+                         command=["{python}", "-c", "import time; time.sleep(60)"])
+    with pytest.raises(ToolTimeout, match="^MCP server 'mute' did not answer initialize and "
+                                          r"tools/list within 0.5s \(startup_timeout_s\)"):
+        manager.call_tool(spec, "anything", {}, 20)
+    assert manager.running() == {}
+
+
 def test_a_server_that_does_not_start_is_an_action_error(tmp_path: Path) -> None:
     manager = MCPManager(tmp_path)
     spec = MCPServerSpec(name="dies", command=["{python}", "-c", "import sys; sys.exit(5)"])
