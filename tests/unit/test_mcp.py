@@ -305,17 +305,19 @@ def test_a_cancelled_action_cancels_the_call_on_the_server(
 
 def test_calls_share_the_session(manager: MCPManager, faulty: MCPServerSpec,
                                  tmp_path: Path) -> None:
+    pid = pid_of(manager, faulty)
     markers = [tmp_path / f"m{i}" for i in range(3)]
     results: list[Any] = []
     threads = [threading.Thread(target=lambda m=m: results.append(manager.call_tool(
-        faulty, "hang", {"marker": str(m), "seconds": 0.5}, 20))) for m in markers]
+        faulty, "hang", {"marker": str(m), "seconds": 1.0}, 20))) for m in markers]
     started = time.monotonic()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert results == [{"slept": 0.5}] * 3
-    assert time.monotonic() - started < 1.5  # at once, over one connection
+    assert results == [{"slept": 1.0}] * 3
+    assert time.monotonic() - started < 2.5  # at once (not 3 s), over one connection
+    assert manager.running() == {"faulty": pid}
 
 
 def test_stopped_when_idle_never_during_a_call(tmp_path: Path) -> None:
@@ -323,9 +325,14 @@ def test_stopped_when_idle_never_during_a_call(tmp_path: Path) -> None:
     spec = MCPServerSpec(name="brief", command=["{python}", str(FAULTY)], idle_timeout_s=0.5)
     try:
         marker = tmp_path / "marker"
-        assert manager.call_tool(spec, "hang", {"marker": str(marker), "seconds": 1.2}, 20) == {
-            "slept": 1.2}  # longer than idle_timeout_s: the reaper waited
-        pid = manager.instance("brief").pid  # type: ignore[union-attr]
+        results: list[Any] = []
+        call = threading.Thread(target=lambda: results.append(manager.call_tool(
+            spec, "hang", {"marker": str(marker), "seconds": 1.2}, 20)))
+        call.start()
+        wait_until(lambda: marks(marker) == ["started"], timeout=20)
+        pid = manager.running()["brief"]
+        call.join()
+        assert results == [{"slept": 1.2}]  # longer than idle_timeout_s: the reaper waited
         wait_until(lambda: not manager.running(), timeout=10)
         wait_until(lambda: client.exit_code(pid, 0) is None, timeout=5)  # reaped
         assert not list((tmp_path / "pids").glob("*.json"))
