@@ -16,6 +16,7 @@ from tests.integration.conftest import (  # noqa: F401  (fixtures: pytest finds 
     _harness_session,
     clean_redis,
     cortex_env,
+    fake_anthropic,
     fake_llm,
     harness_dir,
     redis_client,
