@@ -8,8 +8,9 @@ print each run's figures and the worst case.
 
 Each run is a fresh pytest process (its own Redis, workers, API and fake model). The test
 writes its figures to the JSON file named by `CORTEX_CHAOS_FIGURES`; the whole output of every
-run is kept in the log directory (`--logs`, default a new temporary directory), and a failed
-run's first assertion lines are printed. Re-run one with the same job shapes with
+run is kept in the log directory (`--logs`, default a new temporary directory), with, for a
+failed run, the pytest base temp dir (`run-NNN-stack/`: every process's log, Redis's data
+dir), and a failed run's first assertion lines are printed. Re-run one with the same job shapes with
 `CORTEX_CHAOS_SEED=<seed> .venv/bin/python -m pytest -q tests/chaos/test_load_faults.py -k load`.
 Exit status: 0 if every run passed, 1 otherwise.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,20 +43,25 @@ def default_python() -> str:
 def run_once(number: int, args: argparse.Namespace, logs: Path) -> dict[str, Any]:
     figures_path = logs / f"run-{number:03d}.json"
     log_path = logs / f"run-{number:03d}.log"
+    stack_dir = logs / f"run-{number:03d}-stack"  # process logs and Redis's files
     env = {**os.environ, "CORTEX_CHAOS_FIGURES": str(figures_path)}
-    command = [args.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", TEST, *args.pytest]
+    command = [args.python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               f"--basetemp={stack_dir}", TEST, *args.pytest]
     began = time.monotonic()
     with log_path.open("w") as log:
         code = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                               check=False).returncode
     wall = time.monotonic() - began
+    if code == 0 and not args.keep:
+        shutil.rmtree(stack_dir, ignore_errors=True)
     figures: dict[str, Any] = {}
     if figures_path.exists():
         figures = json.loads(figures_path.read_text())
     output = log_path.read_text(errors="replace")
     errors = [line for line in output.splitlines() if line.startswith("E ")][:args.error_lines]
     return {"run": number, "passed": code == 0, "code": code, "wall (s)": round(wall, 1),
-            "figures": figures, "errors": errors, "log": str(log_path)}
+            "figures": figures, "errors": errors, "log": str(log_path),
+            "stack": str(stack_dir)}
 
 
 def line(result: dict[str, Any]) -> str:
@@ -75,6 +82,8 @@ def main() -> int:
     parser.add_argument("--logs", type=Path, default=None, help="where to keep each run's output")
     parser.add_argument("--python", default=default_python(), help="the interpreter to run")
     parser.add_argument("--stop-on-failure", action="store_true")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the stack's files of passed runs too (failed runs' are kept)")
     parser.add_argument("--error-lines", type=int, default=12,
                         help="assertion lines printed for a failed run (12)")
     parser.add_argument("pytest", nargs="*", help="more pytest arguments (after --)")
@@ -90,7 +99,8 @@ def main() -> int:
         for error in result["errors"]:
             print(f"        {error[:300]}", flush=True)
         if not result["passed"]:
-            print(f"        log: {result['log']}", flush=True)
+            print(f"        log: {result['log']}; every process's log and Redis's files: "
+                  f"{result['stack']}", flush=True)
             if args.stop_on_failure:
                 break
 

@@ -369,6 +369,13 @@ def streaming(stack: Stack, jobs: list[Job]) -> str | None:
     return None
 
 
+def after_begin(log: list[dict[str, Any]]) -> bool:
+    """The job's start was sent again after it had begun (`job_started` logged before the
+    `start_redriven` warning): a start cut short between `begin` and `register`."""
+    types = [e["type"] if e["type"] != "warning" else e["data"].get("kind") for e in log]
+    return "start_redriven" in types and "job_started" in types[:types.index("start_redriven")]
+
+
 # ------------------------------------------------------------------------------ the test
 
 
@@ -461,6 +468,7 @@ def test_load_under_faults(stack: Stack) -> None:
         "actions started more than once": sum(1 for c in starts for n in c.values() if n > 1),
         "most starts of one action": max((n for c in starts for n in c.values()), default=0),
         **{f"warnings {kind}": n for kind, n in sorted(warnings.items())},
+        "starts sent again after begin": sum(1 for log in logs.values() if after_begin(log)),
     }
     TIMINGS["load under faults"] = figures
     if os.environ.get("CORTEX_CHAOS_FIGURES"):  # for scripts/chaos_loop.py
