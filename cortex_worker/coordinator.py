@@ -9,6 +9,7 @@ actions run. The last of the turn's awaited actions to finish sends the next tur
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from cortex_worker.agents.prompt import (
     format_results,
     result_body,
     tool_functions,
+    tool_names,
 )
 from cortex_worker.agents.spec import AgentSpec
 from cortex_worker.kinds import KINDS, render_responses
@@ -235,6 +237,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
         store.emit(job_id, [*begin, ("turn_started", {"turn": turn})], live=True)
     planner = StreamPlanner.from_json(job.planner)
     tools = tool_functions(agent, get_registry()) if agent.model.native_tools else None
+    names = tool_names(agent)
     model = KINDS["agent"].model(job) or agent.model
     depth = job.depth
     with get_job_ends().watch(job_id) as job_ended:
@@ -265,9 +268,11 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
                         continue
                     deltas += 1
                     chunk = piece.text if isinstance(piece, TextDelta) else \
-                        tool_call_to_protocol(piece) if isinstance(piece, ToolCall) else ""
+                        tool_call_to_protocol(dataclasses.replace(  # its tool's own name
+                            piece, name=names.get(piece.name, piece.name))) \
+                        if isinstance(piece, ToolCall) else ""
                     if isinstance(piece, ToolCall):
-                        state.native.append((piece, chunk))
+                        state.native.append((piece, chunk))  # as the model wrote it
                     text.append(chunk)
                     _handle(store, job_id, agent, planner, parser.feed(chunk), state, depth, model)
                     if state.stopped_at is not None or state.ended:

@@ -16,8 +16,9 @@ EXAMPLE_MANIFESTS = REPO_ROOT / "examples" / "manifests"
 TEST_AGENTS = sorted([
     "analyzer", "blocked", "claude_tester", "clock", "comprehensive_analyzer",
     "correlation_analyzer", "data_analyzer", "error_analyzer", "feed_lab", "feeder", "hasty",
-    "helper", "llm_feeder", "native", "pattern_analyzer", "retrier", "shallow", "tester"])
-"""The agents of tests/manifests/agents.yaml (and `clock`, of mcp.yaml), sorted as the API
+    "helper", "llm_feeder", "native", "native_clock", "pattern_analyzer", "retrier", "shallow",
+    "tester"])
+"""The agents of tests/manifests/agents.yaml (and `clock`, `native_clock`, of mcp.yaml), sorted as the API
 lists them."""
 TEST_RELICS = ["broken", "echo", "log_service", "missing", "postgres_monitor", "results_cache"]
 """The relics of tests/manifests/relics.yaml, sorted."""

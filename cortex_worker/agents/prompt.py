@@ -297,8 +297,22 @@ def tool_functions(agent: AgentSpec, registry: Registry) -> list[dict[str, Any]]
     return [_function(registry.tool(name)) for name in agent.tools]
 
 
+_NOT_FUNCTION_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def function_name(tool: str) -> str:
+    """The name a tool has as a native function: providers accept only letters, digits, `_`
+    and `-`, so `time.get_current_time` (an MCP tool) is offered as `time__get_current_time`."""
+    return _NOT_FUNCTION_NAME.sub("__", tool)
+
+
+def tool_names(agent: AgentSpec) -> dict[str, str]:
+    """Native function name -> tool name, for the calls a model makes."""
+    return {function_name(name): name for name in agent.tools}
+
+
 def _function(spec: ToolSpec) -> dict[str, Any]:
-    function: dict[str, Any] = {"name": spec.name, "parameters": spec.parameters}
+    function: dict[str, Any] = {"name": function_name(spec.name), "parameters": spec.parameters}
     if spec.description:
         function["description"] = spec.description
     return {"type": "function", "function": function}

@@ -155,6 +155,30 @@ def test_an_agent_lists_and_calls_an_mcp_tool(api: Any, fake_llm: FakeLLM) -> No
     assert job["result"] == f"It is {now['datetime']}."
 
 
+def test_a_native_tools_model_calls_an_mcp_tool_by_its_function_name(
+        api: Any, fake_llm: FakeLLM) -> None:
+    """Providers refuse dots in function names: the tool is offered as
+    `time__get_current_time`, and the call is mapped back to `time.get_current_time`."""
+    model = f"native-time-{uuid.uuid4().hex[:8]}"
+    fake_llm.script(model, [
+        Turn(tool_calls=[{"id": "call_now", "name": "time__get_current_time",
+                          "arguments": {"timezone": "UTC"}}], tokens_per_second=10_000),
+        Turn(text="Done.", tokens_per_second=10_000),
+    ])
+    response = httpx.post(f"{api.url}/v1/jobs", json={
+        "agent": "native_clock", "input": "Time?", "options": {"model": model}}, timeout=30)
+    assert response.status_code == 202, response.text
+    events = follow(api, response.json()["id"])
+    assert events[-1]["type"] == "job_completed", events[-1]
+    parsed = one(events, "action_parsed")["action"]
+    assert (parsed["id"], parsed["name"]) == ("call_now", "time.get_current_time")
+    assert one(events, "action_completed", "call_now")["result"]["timezone"] == "UTC"
+    first, second = fake_llm.requests(model)
+    assert [t["function"]["name"] for t in first["tools"]] == ["time__get_current_time"]
+    assistant = second["messages"][2]
+    assert assistant["tool_calls"][0]["function"]["name"] == "time__get_current_time"
+
+
 # ---------------------------------------------------------------- a server that misbehaves
 
 

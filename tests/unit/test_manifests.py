@@ -27,6 +27,8 @@ TEST_TOOLS = {
     "word_count", "box_echo", "box_wc", "box_sleep", "box_sh", "box_net", "box_net_host",
     "box_missing", "rate_limited",
     "distance", "shout",  # @tool functions of function_tools.py (kind: ToolModule)
+    "time.get_current_time", "time.convert_time",  # mcp.yaml: mcp-server-time
+    "faulty.crash", "faulty.pid", "faulty.hang", "faulty.fail",  # mcp.yaml: tests/mcp_servers
 }  # fmt: skip
 
 
