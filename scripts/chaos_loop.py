@@ -73,7 +73,8 @@ def line(result: dict[str, Any]) -> str:
             f"crashed {f.get('workers crashed', '?')}); "
             f"last fault -> last completion {f.get(RECOVERY, '?')} s; "
             f"re-run actions {f.get(RERUNS, '?')} (most starts {f.get(MOST, '?')}); "
-            f"warnings {warnings}")
+            f"warnings {warnings}; starts sent again after begin "
+            f"{f.get('starts sent again after begin', '?')}")
 
 
 def main() -> int:
@@ -122,6 +123,8 @@ def main() -> int:
         for kind in kinds:
             values = [r["figures"].get(kind, 0) for r in measured]
             print(f"{kind}: worst {max(values)}, total {sum(values)}")
+        print("starts sent again after begin: total "
+              f"{sum(r['figures'].get('starts sent again after begin', 0) for r in measured)}")
         print(f"workers crashed: total {sum(r['figures'].get('workers crashed', 0) for r in measured)}")
         print(f"run time (s): worst {max(r['wall (s)'] for r in results)}, "
               f"median {sorted(r['wall (s)'] for r in results)[len(results) // 2]}")
