@@ -4,15 +4,18 @@ decoding (`model.grammar` in an agent manifest).
 `build_grammar(agent, registry, flavour)` generates, from the agent's manifest, a grammar that
 admits exactly this shape of a turn:
 
-    [ws] ( <thought>TEXT (ACTION TEXT){1,A}</thought> [ws TAIL]
+    [ws] ( <thought>TEXT (ASYNC GAP){1,A}</thought> [ws TAIL]
          | [<thought>TEXT</thought> ws] TAIL )
-    TAIL   = ACTION (ws ACTION){0,A-1} [ws RESPONSE]  |  <response final="true">TEXT</response>
-    ACTION = <action type="T" mode="M">{"name": "N", "parameters": P}</action>
+    TAIL   = ASYNC (ws ASYNC){0,A-1} [ws (SYNC | RESPONSE)]  |  SYNC
+           | <response final="true">TEXT</response>
+    ASYNC  = <action type="T" mode="async|fire_and_forget">{"name": "N", "parameters": P}</action>
+    SYNC   = <action type="T" mode="sync">{"name": "N", "parameters": P}</action>
 
-so every turn starts at least one action or ends with a final response (protocol.md, turns).
+so every turn starts at least one action or ends with a final response (protocol.md, turns),
+and a sync action, at which the runtime stops reading, is the last thing a turn writes.
 `T`/`N` is one of the agent's tools, agents, relic operations (`relic.operation`) or workflows,
 and `P` is a JSON value that the callable's JSON Schema accepts (agents take
-`{"input": "<task>"}`, workflows their `inputs`). `M` is `sync`, `async` or `fire_and_forget`.
+`{"input": "<task>"}`, workflows their `inputs`).
 
 Deliberate limits, all to keep a constrained model out of protocol errors:
 
@@ -87,8 +90,6 @@ AGENT_PARAMETERS: dict[str, Any] = {
     "additionalProperties": False,
 }
 """What an agent action takes (prompt.py tells models the same)."""
-_ANNOTATIONS = frozenset({"description", "title", "default", "examples", "$comment",
-                          "$schema", "$id", "deprecated", "readOnly", "writeOnly"})
 _FALLBACK_ANY = ("$ref", "allOf", "not", "if", "then", "else", "prefixItems",
                  "dependentSchemas")
 
@@ -105,18 +106,20 @@ class GrammarError(ValueError):
 class Limits:
     """Bounds that keep every constrained turn finite (see the module docstring)."""
 
-    text: int = 400
-    """Characters of one stretch of thought or response text."""
-    string: int = 200
+    text: int = 300
+    """Characters of a thought's text before its first action, or of a response."""
+    gap: int = 80
+    """Characters of thought text after each action in the thought."""
+    string: int = 120
     """Characters of a JSON string (fewer if its `maxLength` says so)."""
-    items: int = 8
+    items: int = 6
     """Items of an array (fewer if its `maxItems` says so), members of a free-form object."""
     depth: int = 2
     """Nesting of an any-JSON value (0: scalars only)."""
     digits: int = 15
-    """Digits of a number's integer part, fraction and exponent."""
+    """Digits of a number's integer part, and of its fraction (an exponent has 1 or 2)."""
     actions: int = 3
-    """Actions inside the thought, and actions after it."""
+    """Actions inside the thought; async actions after it (then one sync action at most)."""
 
 
 # ------------------------------------------------------------------- grammar expressions
@@ -277,8 +280,8 @@ class _Json:
         whole = seq(_NONZERO, rep(_DIGIT, 0, n - 1))
         fraction = seq(Lit("."), rep(_DIGIT, 1, n))
         exponent = opt(seq(chars("eE"), opt(chars("+-")), rep(_DIGIT, 1, 2)))  # finite, non-zero
-        if sign == "positive":  # never 0: a non-zero digit before or after the point
-            small = seq(Lit("0."), rep(_DIGIT, 0, n - 1), _NONZERO, rep(_DIGIT, 0, n - 1))
+        if sign == "positive":  # never 0: a non-zero digit before the point, or after its zeros
+            small = seq(Lit("0."), rep(Lit("0"), 0, n - 1), _NONZERO, rep(_DIGIT, 0, n - 1))
             body = seq(alt(seq(whole, opt(fraction)), small), exponent)
         else:
             body = seq(opt(Lit("-")) if sign == "any" else EMPTY, alt(Lit("0"), whole),
@@ -566,21 +569,26 @@ def protocol_grammar(targets: list[Target], limits: Limits = Limits()) -> Rules:
     by_type: dict[str, list[Target]] = {}
     for target in targets:
         by_type.setdefault(target.type, []).append(target)
-    mode = g.rule("mode", alt(*(Lit(m) for m in MODES)))
-    kinds = []
-    for kind, members in by_type.items():
-        calls = [seq(Lit(_dumps(t.name)), Lit(","), ws, Lit('"parameters":'), ws,
-                     json_values.value(t.parameters, f"{kind}-{t.name}-parameters"))
-                 for t in members]
-        call = g.rule(f"{kind}-call", alt(*calls))
-        kinds.append(g.rule(f"{kind}-action", seq(
+    calls = {kind: g.rule(f"{kind}-call", alt(*(
+        seq(Lit(_dumps(t.name)), Lit(","), ws, Lit('"parameters":'), ws,
+            json_values.value(t.parameters, f"{kind}-{t.name}-parameters")) for t in members)))
+        for kind, members in by_type.items()}
+
+    def actions(label: str, modes: tuple[str, ...]) -> Ref:
+        mode = g.rule(f"mode-{label}", alt(*(Lit(m) for m in modes)))
+        return g.rule(f"action-{label}", alt(*(seq(
             Lit(f'<action type="{kind}" mode="'), mode, Lit('">{'), ws, Lit('"name":'), ws, call,
-            ws, Lit("}</action>"))))
-    action = g.rule("action", alt(*kinds))
+            ws, Lit("}</action>")) for kind, call in calls.items())))
+
+    # A sync action ends the turn (the runtime stops reading at its </action>), so it is the
+    # last thing written, never inside a thought; async and fire_and_forget ones go on.
+    going, last = actions("async", ("async", "fire_and_forget")), actions("sync", ("sync",))
     n = limits.actions
+    gap = g.rule("gap", rep(_text_char(), 0, limits.gap))
     tail = g.rule("tail", alt(
-        seq(action, rep(seq(block_ws, action), 0, n - 1), opt(seq(block_ws, response))), final))
-    acting = g.rule("acting-thought", seq(Lit("<thought>"), text, rep(seq(action, text), 1, n),
+        seq(going, rep(seq(block_ws, going), 0, n - 1), opt(seq(block_ws, alt(last, response)))),
+        last, final))
+    acting = g.rule("acting-thought", seq(Lit("<thought>"), text, rep(seq(going, gap), 1, n),
                                           Lit("</thought>")))
     g.define(root, seq(block_ws, alt(seq(acting, opt(seq(block_ws, tail))),
                                      seq(opt(seq(plain_thought, block_ws)), tail))))
