@@ -33,6 +33,7 @@ from cortex_worker.kinds import KINDS, render_responses
 from cortex_worker.liveness import is_dead
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.gateway import open_stream
+from cortex_worker.llm.grammar import Grammar, build_grammar
 from cortex_worker.llm.stream import (
     ModelError,
     TextDelta,
@@ -239,6 +240,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     tools = tool_functions(agent, get_registry()) if agent.model.native_tools else None
     names = tool_names(agent)
     model = KINDS["agent"].model(job) or agent.model
+    grammar = _grammar(agent, model)
     depth = job.depth
     with get_job_ends().watch(job_id) as job_ended:
         for restart in range(TURN_RESTARTS + 1):
@@ -251,7 +253,8 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
             if _stop_reason(store, job_id, agent, job):  # ended before the stream opened?
                 state.ended = True
                 break
-            stream = open_stream(model, messages, tools=tools, base_dir=get_settings().manifests)
+            stream = open_stream(model, messages, tools=tools, base_dir=get_settings().manifests,
+                                 grammar=grammar)
             check_at = time.monotonic() + STATUS_CHECK_S
             try:
                 for piece in stream:
@@ -353,6 +356,20 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
                                        **({"estimated": True} if estimated else {})})])
     store.set_job(job_id, **fields)
     return state
+
+
+_grammars: dict[tuple[str, str], Grammar | None] = {}
+
+
+def _grammar(agent: AgentSpec, model: ModelConfig) -> Grammar | None:
+    """The agent's protocol grammar in its model's flavour (`model.grammar`), built once per
+    process (the registry does not change while it runs)."""
+    if model.grammar is None:
+        return None
+    key = (agent.name, model.grammar)
+    if key not in _grammars:
+        _grammars[key] = build_grammar(agent, get_registry(), model.grammar)
+    return _grammars[key]
 
 
 def estimate_usage(messages: list[dict[str, Any]], deltas: int) -> Usage:
