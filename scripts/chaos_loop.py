@@ -33,6 +33,7 @@ TEST = "tests/chaos/test_load_faults.py::test_load_under_faults"
 RECOVERY = "last fault -> last completion (s)"
 RERUNS = "actions started more than once"
 MOST = "most starts of one action"
+UNCLAIMED = "action_redriven of queued, unclaimed actions"
 
 
 def default_python() -> str:
@@ -73,7 +74,8 @@ def line(result: dict[str, Any]) -> str:
             f"crashed {f.get('workers crashed', '?')}); "
             f"last fault -> last completion {f.get(RECOVERY, '?')} s; "
             f"re-run actions {f.get(RERUNS, '?')} (most starts {f.get(MOST, '?')}); "
-            f"warnings {warnings}; starts sent again after begin "
+            f"warnings {warnings} ({UNCLAIMED}: {f.get(UNCLAIMED, '?')}); slowest worker start "
+            f"{f.get('slowest worker start (s)', '?')} s; starts sent again after begin "
             f"{f.get('starts sent again after begin', '?')}")
 
 
@@ -123,9 +125,14 @@ def main() -> int:
         for kind in kinds:
             values = [r["figures"].get(kind, 0) for r in measured]
             print(f"{kind}: worst {max(values)}, total {sum(values)}")
+        unclaimed = [r["figures"].get(UNCLAIMED, 0) for r in measured]
+        print(f"{UNCLAIMED}: worst {max(unclaimed)}, total {sum(unclaimed)}")
+        starts = [r["figures"].get("slowest worker start (s)", 0) for r in measured]
+        print(f"slowest worker start (s): worst {max(starts)}")
         print("starts sent again after begin: total "
               f"{sum(r['figures'].get('starts sent again after begin', 0) for r in measured)}")
-        print(f"workers crashed: total {sum(r['figures'].get('workers crashed', 0) for r in measured)}")
+        crashed = sum(r["figures"].get("workers crashed", 0) for r in measured)
+        print(f"workers crashed: total {crashed}")
         print(f"run time (s): worst {max(r['wall (s)'] for r in results)}, "
               f"median {sorted(r['wall (s)'] for r in results)[len(results) // 2]}")
     return 1 if failed else 0

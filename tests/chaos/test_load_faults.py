@@ -169,14 +169,16 @@ def agent(tag: str, llm: ChaosLLM) -> Job:
 
     llm.answer(model, answer)
     summary = f"Summary of {word}"
-    return Job(tag, "agent", {"agent": "tester", "input": f"Look up {tag}.", "options": {"model": model}},
+    return Job(tag, "agent",
+               {"agent": "tester", "input": f"Look up {tag}.", "options": {"model": model}},
                {"a": word, "b": {"slept": 0.3}, "c": word, "s": summary},
                f'Done: {word}, {{"slept": 0.3}}, {word}, {summary}')
 
 
 def workflow(tag: str, x: int, canvas: bool) -> Job:
     join = {"plus_one": 2 * x + 1, "copy": 2 * x}
-    return Job(tag, "workflow", {"workflow": "diamond", "inputs": {"x": x}, "options": {"canvas": canvas}},
+    return Job(tag, "workflow",
+               {"workflow": "diamond", "inputs": {"x": x}, "options": {"canvas": canvas}},
                {"double": 2 * x, "plus_one": 2 * x + 1, "copy": 2 * x, "join": join},
                {"label": "sum", "total": 2 * x + 1, "copy": 2 * x, "text": f"x={x}"})
 
@@ -214,6 +216,7 @@ class Faults:
         self.lock = threading.RLock()
         self.made: list[tuple[float, str]] = []
         self.crashed: list[str] = []  # workers that died without being killed, replaced
+        self.starts: list[float] = []  # seconds each replacement worker took to be ready
 
     def kill_worker(self, pool: str, when: Callable[[], Any] | None = None) -> Any:
         """Kill the pool's worker (once `when()` is true, if given) and start another;
@@ -224,8 +227,13 @@ class Faults:
                 if when is not None else None
             self.stack.kill_worker(pool)
             self.made.append((time.time(), f"{pool} worker killed"))
-            self.stack.replace_worker(pool)
+            self.replace(pool)
         return found
+
+    def replace(self, pool: str) -> None:
+        began = time.monotonic()
+        self.stack.replace_worker(pool)
+        self.starts.append(time.monotonic() - began)
 
     def revive(self) -> None:
         """Replace any worker that exited on its own (as a supervisor would)."""
@@ -234,7 +242,7 @@ class Faults:
                 if not proc.alive:
                     proc.stop()
                     self.crashed.append(pool)
-                    self.stack.replace_worker(pool)
+                    self.replace(pool)
 
     def restart_redis(self) -> None:
         with self.lock:
@@ -449,6 +457,9 @@ def test_load_under_faults(stack: Stack) -> None:
                 if log and log[-1]["type"] in ("job_completed", "job_failed", "job_cancelled")]
     warnings = Counter(e["data"].get("kind") for log in logs.values() for e in log
                        if e["type"] == "warning")
+    unclaimed = sum(1 for log in logs.values() for e in log if e["type"] == "warning"
+                    and e["data"].get("kind") == "action_redriven"
+                    and "no worker took it" in e["data"].get("message", ""))
     kinds = Counter(what for _, what in faults.made)
     starts = [Counter(e["data"]["action_id"] for e in log if e["type"] == "action_started")
               for log in logs.values()]
@@ -458,6 +469,7 @@ def test_load_under_faults(stack: Stack) -> None:
         "faults": len(faults.made),
         "worker kills": sum(n for what, n in kinds.items() if "worker" in what),
         "workers crashed": len(faults.crashed),
+        "slowest worker start (s)": round(max(faults.starts, default=0.0), 2),
         "first submit -> last fault (s)": round(last_fault - began, 2),
         "last fault hit": victim,
         "agent worker killed in a turn of": turn_hit,
@@ -468,6 +480,7 @@ def test_load_under_faults(stack: Stack) -> None:
         "actions started more than once": sum(1 for c in starts for n in c.values() if n > 1),
         "most starts of one action": max((n for c in starts for n in c.values()), default=0),
         **{f"warnings {kind}": n for kind, n in sorted(warnings.items())},
+        "action_redriven of queued, unclaimed actions": unclaimed,
         "starts sent again after begin": sum(1 for log in logs.values() if after_begin(log)),
     }
     TIMINGS["load under faults"] = figures
