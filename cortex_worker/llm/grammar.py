@@ -65,6 +65,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from cortex_worker.errors import CortexError
+
 if TYPE_CHECKING:
     from cortex_worker.agents.spec import AgentSpec
     from cortex_worker.manifests import Registry
@@ -98,7 +100,7 @@ Grammar = str | dict[str, Any]
 """A built grammar: the text of a gbnf, ebnf or lark grammar, or a structural tag object."""
 
 
-class GrammarError(ValueError):
+class GrammarError(CortexError, ValueError):
     """The agent names something the registry does not have, or an unknown flavour."""
 
 
