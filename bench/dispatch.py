@@ -470,14 +470,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The order alternates too: raw, readiness, canvas; then canvas, readiness, raw.
         cpu = ProcessCPU()
         hop_cpu: dict[str, list[dict[str, float]]] = {"raw": [], "readiness": [], "canvas": []}
+        round_p50: list[dict[bool | None, float]] = []  # each round's p50, by variant
         for r in range(rounds):
             order: list[bool | None] = [None, False, True]
+            round_p50.append({})
             for variant in order if r % 2 == 0 else order[::-1]:
                 before = cpu.read()
                 if variant is None:
-                    raw_seq += timed(f"round {r + 1}/{rounds}: raw celery, {chain_len} "
-                                     "sequential tasks", lambda: bench.raw_sequential(chain_len))
+                    raw = timed(f"round {r + 1}/{rounds}: raw celery, {chain_len} "
+                                "sequential tasks", lambda: bench.raw_sequential(chain_len))
                     hop_cpu["raw"].append(cpu.per_hop(before, cpu.read(), chain_len))
+                    raw_seq += raw
+                    round_p50[-1][None] = pct([start - sent for sent, start, _ in raw], 50)
                     continue
                 canvas = variant
                 events = timed(f"round {r + 1}/{rounds}: cortex chain of {chain_len}, "
@@ -486,6 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 hop_cpu["canvas" if canvas else "readiness"].append(
                     cpu.per_hop(before, cpu.read(), chain_len))
                 cortex_lat[canvas] += dispatch_latencies(events)
+                round_p50[-1][canvas] = pct(dispatch_latencies(events), 50)
                 for name, values in hop_phases(events).items():
                     phases[canvas].setdefault(name, []).extend(values)
                 spans[canvas].append(job_span(events))
@@ -559,6 +564,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nlatency samples: raw {len(raw_lat)}, cortex {len(cortex_lat[False])} per variant "
           f"({rounds} rounds; a round is {chain_len} sequential raw tasks, then one chain of "
           f"{chain_len} echo actions per variant)")
+    print("ratio p50 to raw in each round (raw and both chains ran within about a second): "
+          + "; ".join(f"{name} " + " ".join(f"{r[c] / r[None]:.2f}" for r in round_p50)
+                      for name, c in (("readiness", False), ("canvas", True))))
     print("N-shape makespans (ms): " + ", ".join(f"{s * 1000:.1f}" for s in shapes)
           + f"  (critical path {CRITICAL_PATH_S * 1000:.0f})")
     print("\nwhere the time goes (ms, p50 / p99):")
