@@ -120,7 +120,7 @@ class Limits:
     """Nesting of an any-JSON value (0: scalars only)."""
     digits: int = 15
     """Digits of a number's integer part, and of its fraction (an exponent has 1 or 2)."""
-    actions: int = 3
+    actions: int = 2
     """Actions inside the thought; async actions after it (then one sync action at most)."""
 
 

@@ -23,7 +23,7 @@ from cortex_worker.runtime import get_registry
 from cortex_worker.store import Store
 from cortex_worker.testing import StubBroker
 
-MAX_TOKENS = 512
+MAX_TOKENS = 1024
 MAX_TURNS = 2
 TEMPERATURE = 0.7
 
@@ -98,11 +98,14 @@ class JobReport:
     idle_turns: int = 0
     """Turns that neither started an action nor gave a final response."""
     protocol_errors: list[str] = field(default_factory=list)
+    """Each as "kind: message"."""
     actions: list[dict[str, Any]] = field(default_factory=list)
     invalid_actions: list[str] = field(default_factory=list)
     """Actions naming no tool of the agent, or whose parameters its schema refuses."""
     failed_actions: int = 0
     final: bool = False
+    text: list[str] = field(default_factory=list)
+    """What the model wrote, turn by turn (the conversation's assistant messages)."""
 
 
 def run_job(store: Store, broker: StubBroker, agent: str, task: str) -> JobReport:
@@ -122,7 +125,7 @@ def run_job(store: Store, broker: StubBroker, agent: str, task: str) -> JobRepor
                 report.idle_turns += 1
             report.turns, acted = report.turns + 1, False
         elif kind == "protocol_error":
-            report.protocol_errors.append(data["kind"])
+            report.protocol_errors.append(f"{data['kind']}: {data.get('message', '')}")
         elif kind == "action_parsed":
             acted = True
             action = data["action"]
@@ -145,6 +148,8 @@ def run_job(store: Store, broker: StubBroker, agent: str, task: str) -> JobRepor
             report.status, report.error = data["status"], data.get("error")
     if report.turns and not acted:
         report.idle_turns += 1
+    report.text = [m.get("content") or "" for m in store.conversation(job_id)
+                   if m.get("role") == "assistant"]
     return report
 
 
@@ -163,7 +168,7 @@ def summary(reports: list[JobReport]) -> dict[str, Any]:
         "turns": sum(r.turns for r in reports),
         "protocol_errors": sum(len(r.protocol_errors) for r in reports),
         "jobs_with_protocol_errors": sum(bool(r.protocol_errors) for r in reports),
-        "error_kinds": sorted({k for r in reports for k in r.protocol_errors}),
+        "error_kinds": sorted({e.split(":")[0] for r in reports for e in r.protocol_errors}),
         "idle_turns": sum(r.idle_turns for r in reports),
         "actions": len(actions),
         "invalid_actions": sum(len(r.invalid_actions) for r in reports),

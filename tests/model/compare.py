@@ -1,7 +1,8 @@
 """The same agent jobs on SmolLM2-135M with and without the protocol grammar (the figures of
 docs/performance.md, "Grammar-constrained protocol").
 
-    .venv/bin/python -m tests.model.compare [--jobs N] [--agents smol,smol_plain] [--json FILE]
+    .venv/bin/python -m tests.model.compare [--jobs N] [--agents smol,smol_plain] [--seed S]
+                                            [--json FILE]
 
 Prepares the runtime (scripts/model_runtime.py), starts llama.cpp's server, runs the jobs of
 tests/model/agents.py in this process on a private Redis, and prints one summary per agent.
@@ -28,6 +29,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=len(smol.TASKS))
     parser.add_argument("--agents", default="smol,smol_plain")
+    parser.add_argument("--seed", type=int, default=1125, help="the server's sampling seed")
     parser.add_argument("--json", type=Path, help="also write every job's report here")
     args = parser.parse_args()
     tasks = [smol.TASKS[i % len(smol.TASKS)] for i in range(args.jobs)]
@@ -36,7 +38,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="cortex-compare-"))
     results: dict[str, object] = {"setup_s": round(time.monotonic() - setup, 1),
                                   "runtime": model_runtime.info}
-    with LlamaServer(model_runtime, log_dir=work) as server, \
+    with LlamaServer(model_runtime, log_dir=work, seed=args.seed) as server, \
             engine(smol.write_manifests(work / "manifests"),
                    {"CORTEX_SMOLLM_URL": server.url}):
         results["server_start_s"] = round(server.start_s, 1)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -108,16 +110,18 @@ def test_real_token_streams_feed_the_parser(llama_server: LlamaServer) -> None:
           f"({tokens / seconds:.1f} tokens/s, prompts included)")
 
 
-def test_agent_jobs_with_the_grammar_make_no_protocol_errors(store: Store,
-                                                             broker: StubBroker) -> None:
+def test_agent_jobs_with_the_grammar_make_no_protocol_errors(
+        store: Store, broker: StubBroker, tmp_path: Path) -> None:
     """22 agent jobs, end to end, on agent `smol` (model.grammar: gbnf). Needs the coordinator
     to pass `build_grammar(agent, registry, model.grammar)` to `open_stream`."""
     reports = agents.run_jobs(store, broker, "smol")
     summary = agents.summary(reports)
-    print("\n" + json.dumps(summary))
+    (tmp_path / "jobs.json").write_text(json.dumps([asdict(r) for r in reports], indent=2))
+    print(f"\n{json.dumps(summary)}\nevery job: {tmp_path / 'jobs.json'}")
     assert len(reports) >= 20
     assert all(r.status in ("completed", "failed") for r in reports), summary
-    details = [(r.task, r.protocol_errors, r.invalid_actions, r.idle_turns) for r in reports]
+    details = [(r.task, r.protocol_errors, r.invalid_actions, r.idle_turns, r.text)
+               for r in reports if r.protocol_errors or r.invalid_actions or r.idle_turns]
     assert summary["protocol_errors"] == 0, details
     assert summary["invalid_actions"] == 0, details
     assert summary["idle_turns"] == 0, details  # every turn acted or answered

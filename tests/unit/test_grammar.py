@@ -124,6 +124,8 @@ VALID = {
                       '"filter": {"field": "f", "values": [1, -2]}, "labels": {"k": "v"}, '
                       '"either": null, "many": true, "blob": [{"deep": 1}]}'),
     "the smallest lookup": tool("sync", "lookup", '{"query": "ab", "limit": 1}'),
+    "async actions, then a sync one": tool("async", "echo", "{}") + "\n"
+    + tool("fire_and_forget", "echo", "{}") + "\n" + tool("sync", "echo", '{"message": 1}'),
     "an agent": tool("sync", "helper", '{"input": "Summarise this."}', kind="agent"),
     "a relic operation": tool("async", "kv.set", '{"key": "k", "value": [1, {}], "ttl": 2}',
                               kind="relic"),
@@ -160,8 +162,15 @@ INVALID = {
     "an llm action": tool("sync", "headline", "{}", kind="llm"),
     "an internal action": tool("sync", "set_variable", '{"name": "a", "value": 1}', kind="internal"),
     "a relic without its operation": tool("sync", "kv", '{"key": "k"}', kind="relic"),
-    "text over the limit": '<response final="true">' + "x" * 401 + "</response>",
-    "four actions after the thought": "\n".join([tool("async", "echo", "{}")] * 4),
+    "text over the limit": '<response final="true">' + "x" * 301 + "</response>",
+    "three async actions after the thought": "\n".join([tool("async", "echo", "{}")] * 3),
+    "three actions in a thought":
+        "<thought>" + "".join([tool("async", "echo", "{}")] * 3) + "</thought>",
+    "a sync action inside a thought (the turn stops there)":
+        '<thought>a' + tool("sync", "echo", "{}") + "b</thought>",
+    "anything after a sync action": tool("sync", "echo", "{}") + "\n" + tool("async", "echo", "{}"),
+    "thought text after an action over its limit":
+        "<thought>a" + tool("async", "echo", "{}") + "y" * 81 + "</thought>",
 }
 
 
