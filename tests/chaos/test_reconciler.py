@@ -12,6 +12,7 @@ import json
 import time
 from typing import Any
 
+from tests import harness
 from tests.chaos.conftest import TIMINGS, Stack
 from tests.chaos.test_workers import of, started, tool
 
@@ -40,6 +41,9 @@ def lose_first_message(stack: Stack, doc: str, canvas: bool) -> tuple[str, float
         stack.wait_event(job_id, lambda e: e["type"] == "action_queued")
         expected = "canvas" if canvas else "readiness"
         assert stack.client.hget(f"cx:{{{job_id}}}:job", "dispatch") == expected
+        # `action_queued` is logged before the message is published: wait for it
+        harness.wait_until(lambda: stack.client.llen("tool") >= 1, timeout=10,
+                           message="no message reached the tool queue")
         assert drop_queue(stack, "tool") == 1
         return job_id, time.time()
     finally:
