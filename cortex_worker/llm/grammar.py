@@ -27,8 +27,10 @@ Deliberate limits, all to keep a constrained model out of protocol errors:
   `\\u003c`. JSON whitespace is at most one space; between blocks, at most two spaces/newlines.
 - Everything is bounded (`Limits`): stretches of text, strings and arrays (a smaller
   `maxLength` / `maxItems` wins; a larger `minLength` / `minItems` too), free-form objects,
-  the nesting of any-JSON values, digits, actions per turn. A model cannot ramble on into
-  `max_tokens` and leave a block unclosed.
+  the nesting of any-JSON values, digits, actions per turn. So a turn is bounded too, and a
+  `max_tokens` with room for it means no block is ever cut open: no grammar can bound a
+  turn in tokens, so the room is measured (docs/performance.md: SmolLM2-135M's longest turn
+  was 381 tokens; the tests give 1024).
 - `llm` and `internal` actions are not admitted (the issue's list: tools, agents, relics,
   workflows).
 
