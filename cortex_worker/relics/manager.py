@@ -354,12 +354,24 @@ class RelicManager:
             deadline = time.monotonic() + STOP_GRACE_S
             while time.monotonic() < deadline and not self._leader_exited(proc.pid):
                 time.sleep(0.02)
-        _kill_group(proc.pid, signal.SIGKILL)  # stragglers; the leader is not reaped yet
+        if proc.returncode is None and self._unreaped(proc.pid):
+            _kill_group(proc.pid, signal.SIGKILL)  # stragglers; the leader is not reaped yet
+        # (once `poll` has reaped the leader, its pid, and so the group id, may be any
+        # process's: signalling it killed another stack's worker)
         with contextlib.suppress(Exception):
             proc.wait(timeout=STOP_GRACE_S)
         with contextlib.suppress(OSError):
             inst.pid_file.unlink()
         log.info("relic %s (pid %s) stopped: %s", inst.spec.name, proc.pid, reason)
+
+    @staticmethod
+    def _unreaped(pid: int) -> bool:
+        """Whether `pid` is still our unreaped child (its group id is still its own)."""
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return False
+        return True
 
     @staticmethod
     def _leader_exited(pid: int) -> bool:
