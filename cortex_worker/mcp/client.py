@@ -43,7 +43,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from cortex_worker.mcp.spec import MCPServerSpec, command_argv, server_env, server_headers
-from cortex_worker.relics.manager import RELIC_PATH, STOP_GRACE_S
+from cortex_worker.relics.manager import RELIC_PATH, STOP_GRACE_S, kill_group, unreaped
 from cortex_worker.tools.errors import ToolError, ToolTimeout
 
 log = logging.getLogger(__name__)
@@ -129,10 +129,10 @@ def stop_process(proc: subprocess.Popen[bytes], grace: float = STOP_GRACE_S) -> 
             proc.stdin.close()
     if proc.returncode is None:
         if not _wait_leader(proc.pid, EXIT_GRACE_S):
-            _kill_group(proc.pid, signal.SIGTERM)
+            kill_group(proc.pid, signal.SIGTERM)
             _wait_leader(proc.pid, grace)
-        if _unreaped(proc.pid):  # else another waiter reaped it: its pid may be anyone's now
-            _kill_group(proc.pid, signal.SIGKILL)
+        if unreaped(proc.pid):  # else another waiter reaped it: its pid may be anyone's now
+            kill_group(proc.pid, signal.SIGKILL)
     with contextlib.suppress(Exception):
         proc.wait(timeout=grace)
 
@@ -148,22 +148,6 @@ def _wait_leader(pid: int, timeout: float) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
-
-
-def _unreaped(pid: int) -> bool:
-    """Whether `pid` is still our child, not yet reaped (so its group id is still its own).
-    An asyncio child watcher may reap it first; its pid can then be reused by any process,
-    and signalling that group would hit a stranger (it killed another stack's worker)."""
-    try:
-        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return False
-    return True
-
-
-def _kill_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 # ---------------------------------------------------------------- transports and sessions

@@ -98,7 +98,17 @@ def _start_time(pid: int) -> str | None:
     return stat[stat.rindex(")") + 2:].split()[19]
 
 
-def _kill_group(pgid: int, sig: int) -> None:
+def unreaped(pid: int) -> bool:
+    """Whether `pid` is still our unreaped child, so its group id is still its own. Once it
+    is reaped (by `poll`, or an asyncio child watcher), the pid may be any process's."""
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def kill_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
 
@@ -232,7 +242,7 @@ class RelicManager:
             if start is not None and _start_time(pid) == start:
                 log.warning("killing relic %s (pid %s) left by dead worker %s",
                             record.get("name"), pid, owner)
-                _kill_group(pid, signal.SIGKILL)
+                kill_group(pid, signal.SIGKILL)
                 killed += 1
             with contextlib.suppress(OSError):
                 path.unlink()
@@ -350,12 +360,12 @@ class RelicManager:
                 del self._instances[inst.spec.name]
         proc = inst.proc
         if proc.returncode is None:
-            _kill_group(proc.pid, signal.SIGTERM)
+            kill_group(proc.pid, signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
             while time.monotonic() < deadline and not self._leader_exited(proc.pid):
                 time.sleep(0.02)
-        if proc.returncode is None and self._unreaped(proc.pid):
-            _kill_group(proc.pid, signal.SIGKILL)  # stragglers; the leader is not reaped yet
+        if proc.returncode is None and unreaped(proc.pid):
+            kill_group(proc.pid, signal.SIGKILL)  # stragglers; the leader is not reaped yet
         # (once `poll` has reaped the leader, its pid, and so the group id, may be any
         # process's: signalling it killed another stack's worker)
         with contextlib.suppress(Exception):
@@ -363,15 +373,6 @@ class RelicManager:
         with contextlib.suppress(OSError):
             inst.pid_file.unlink()
         log.info("relic %s (pid %s) stopped: %s", inst.spec.name, proc.pid, reason)
-
-    @staticmethod
-    def _unreaped(pid: int) -> bool:
-        """Whether `pid` is still our unreaped child (its group id is still its own)."""
-        try:
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return False
-        return True
 
     @staticmethod
     def _leader_exited(pid: int) -> bool:
