@@ -117,7 +117,13 @@ def run_turns(store: Store, job_id: str) -> None:
             end_job(store, job_id, "failed", error=f"model error: {exc}")
             return
         except RedisError:
-            raise  # the store is unreachable: nothing can be recorded (redis-py retried)
+            # The store failed (redis-py retried): nothing can be recorded now. This process
+            # lives on, so no reconciler takes the turn over: send it again for when our
+            # lease has run out (`resume` then hands it over), and fail this task.
+            log.exception("job %s: turn %s stopped: Redis failed; it is sent again in %g s",
+                          job_id, turn, TURN_LEASE_S + 1)
+            dispatch.agent_turn(job_id, countdown=TURN_LEASE_S + 1)
+            raise
         except Exception as exc:  # a bug must end the job, never leave it running forever
             log.exception("job %s: turn %s failed", job_id, turn)
             end_job(store, job_id, "failed", turns=turn,

@@ -153,9 +153,10 @@ def start_job(job_id: str) -> None:
     _broker.send_task(START_TASK, [job_id], queue="agent", task_id=f"{job_id}:start")
 
 
-def agent_turn(job_id: str) -> None:
-    """Queue an agent job's next turn on the agent pool."""
-    _broker.send_task(TURN_TASK, [job_id], queue="agent", argsrepr=f"({job_id!r},)")
+def agent_turn(job_id: str, countdown: float | None = None) -> None:
+    """Queue an agent job's next turn on the agent pool (in `countdown` seconds, if given)."""
+    _broker.send_task(TURN_TASK, [job_id], queue="agent", countdown=countdown,
+                      argsrepr=f"({job_id!r},)")
 
 
 def invoke(spec: Mapping[str, Any], *, timeout: float, job_id: str) -> Any:

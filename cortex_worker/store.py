@@ -34,6 +34,11 @@ from cortex_worker.record import DEFAULT_TENANT, JobRecord, encode
 
 TERMINAL = frozenset({"ok", "error", "timeout", "skipped", "cancelled"})
 RECONNECT_RETRIES = 40  # with a 1 s backoff cap: about 35 s without Redis
+MAX_CONNECTIONS = 1024
+"""Connections one process may open; past that a command waits for one (`POOL_WAIT_S`).
+redis-py 6+ caps a plain pool at 100 and then raises: an agent worker runs 100 turns at once
+by default, besides its heartbeat, reconciler and result listeners."""
+POOL_WAIT_S = 30.0
 
 
 @cache
@@ -91,8 +96,10 @@ class Store:
         # fails is sent again after a backoff, instead of failing the task and losing the
         # result it was recording (redis-py's default gives up after well under a second).
         retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), RECONNECT_RETRIES)
-        return cls(redis.Redis.from_url(url, decode_responses=True, health_check_interval=30,
-                                        retry=retry))
+        pool = redis.BlockingConnectionPool.from_url(
+            url, decode_responses=True, health_check_interval=30, retry=retry,
+            max_connections=MAX_CONNECTIONS, timeout=POOL_WAIT_S)
+        return cls(redis.Redis(connection_pool=pool))
 
     def _run(self, name: str, job_id: str, *args: Any, extra_keys: Sequence[str] = ()) -> Any:
         argv = [job_id, repr(time.time()), *args]

@@ -8,13 +8,15 @@ runs here as the stub takes it, then the actions it sent, then the next turn.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 
-from cortex_worker import dispatch, jobs
+from cortex_worker import coordinator, dispatch, jobs
 from cortex_worker.options import JobOptions
 from cortex_worker.store import Store
 from cortex_worker.testing import StubBroker
@@ -98,3 +100,36 @@ def test_an_agent_action_runs_a_child_agent(store: Store, broker: StubBroker,
     assert (child.kind, child.agent, child.status, child.depth) == ("agent", "helper",
                                                                    "completed", 1)
     assert llm.remaining(model) == 0 and llm.remaining("helper") == 0
+
+
+def test_a_turn_the_store_failed_is_taken_over_once_its_lease_runs_out(
+        store: Store, broker: StubBroker, llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis failing mid-turn (past redis-py's retries) fails the turn task, but this worker
+    lives on, so no reconciler would take the turn over: the turn is sent again, due after
+    its lease, and that delivery generates it again."""
+    model = f"engine-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [turn("<thought>Thinking.</thought>" + final("first")),
+                       turn("<thought>Again.</thought>" + final("done"))])
+    real_emit = store.emit
+    failures: list[str] = []
+
+    def emit(job_id: str, batch: Any, **kwargs: Any) -> int:
+        if not failures and any(kind == "thought_chunk" for kind, _ in batch):
+            failures.append(job_id)
+            raise redis.ConnectionError("Redis went away")
+        return real_emit(job_id, batch, **kwargs)
+
+    monkeypatch.setattr(store, "emit", emit)
+    job_id = jobs.submit_agent(store, "tester", "Think.", options=JobOptions(model=model))
+    with pytest.raises(redis.ConnectionError):
+        broker.join()
+    assert failures == [job_id] and status(store, job_id) == "running"
+    again = broker.messages(dispatch.TURN_TASK)
+    assert len(again) == 1 and (again[0].countdown or 0) > coordinator.TURN_LEASE_S
+
+    store.set_job(job_id, turn_lease=time.time() - 1)  # the stub's clock passes; so does the lease
+    broker.join()
+    assert status(store, job_id) == "completed"
+    log = events(store, job_id)
+    assert one(log, "warning")["kind"] == "turn_restarted"
+    assert log[-1]["data"]["result"] == "done"
