@@ -7,6 +7,7 @@ from kombu import Exchange, Queue
 
 from cortex_worker import broker
 from cortex_worker.settings import Settings, get_settings
+from cortex_worker.store import MAX_CONNECTIONS
 
 POOLS = ("agent", "tool", "llm", "relic", "docker")
 
@@ -38,6 +39,8 @@ def create_app(settings: Settings | None = None) -> Celery:
         task_send_sent_event=True,
         task_track_started=False,
         result_expires=3600,
+        # The result backend's pool, as the store's: redis-py 6+ raises past 100 connections.
+        redis_max_connections=MAX_CONNECTIONS,
         broker_connection_retry_on_startup=True,
         # Sending a task (a ready action, a canvas's next step, a turn) rides out a broker
         # restart of up to ~30 s; Celery's default gives up after 0.6 s and the step is lost.
