@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from cortex_worker.protocol.document import Document, load_document
+
+if TYPE_CHECKING:
+    from cortex_api.client import APIError, Client, JobCreated
 
 app = typer.Typer(help="Cortex: a distributed runtime for LLM agents.", no_args_is_help=True)
 console = Console()
@@ -201,28 +205,38 @@ def keys_new(tenant: Annotated[str, typer.Argument(help="The tenant the key belo
     typer.echo(f"entry (CORTEX_API_KEYS): {tenant}:{hash_key(key)}")
 
 
-def _submit_and_follow(url: str, api_key: str | None, body: dict) -> None:
-    import httpx
-
+def _submit_and_follow(url: str, api_key: str | None,
+                       submit: Callable[[Client], JobCreated]) -> None:
+    """Submit with `submit`, then follow the job live; exit 0 if it completed."""
+    from cortex_api.client import APIError, Client, CortexClientError
     from cortex_api.follow import follow_job
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        response = httpx.post(f"{url}/v1/jobs", headers=headers, timeout=30, json=body)
-    except httpx.HTTPError as exc:
-        console.print(f"[red]cannot reach the API at {url}[/]: {exc} (start it with `cortex api`)")
-        raise typer.Exit(2) from None
-    if response.status_code != 202:
-        detail = response.json().get("detail", {})
-        message = detail.get("message", detail) if isinstance(detail, dict) else detail
-        console.print(f"[red]rejected ({response.status_code})[/]: {message}")
-        for error in detail.get("errors", []) if isinstance(detail, dict) else []:
-            console.print(f"  {error['line']}:{error['column']} {error['kind']}: {error['message']}")
-        raise typer.Exit(1)
-    job_id = response.json()["id"]
-    console.print(f"job {job_id}")
-    view = follow_job(url, job_id, console, headers)
+    with Client(url, api_key=api_key) as client:
+        try:
+            job = submit(client)
+        except APIError as exc:
+            _print_rejection(f"rejected ({exc.status})", exc)
+            raise typer.Exit(1) from None
+        except CortexClientError as exc:
+            console.print(f"[red]{exc}[/] (start it with `cortex api`)", highlight=False)
+            raise typer.Exit(2) from None
+        console.print(f"job {job.id}")
+        try:
+            view = follow_job(client.base_url, job.id, console, client.headers)
+        except CortexClientError as exc:
+            console.print(f"[red]lost the job's events[/]: {exc}", highlight=False)
+            raise typer.Exit(1) from None
     raise typer.Exit(0 if view.end and view.end["type"] == "job_completed" else 1)
+
+
+def _print_rejection(title: str, error: APIError) -> None:
+    """The API's message, then each problem it listed: a document's line and column, or
+    where in the request body."""
+    console.print(f"[red]{title}[/]: {error.message}", highlight=False)
+    for item in error.errors:
+        where = (f"{item['line']}:{item['column']} {item.get('kind', '')}" if "line" in item
+                 else item.get("location", ""))
+        console.print(f"  {where}: {item.get('message', '')}", highlight=False)
 
 
 URL_OPTION = typer.Option(envvar="CORTEX_API_URL", help="The Cortex API.")
@@ -238,8 +252,11 @@ def exec_(
     fail_fast: Annotated[bool, typer.Option(help="Cancel the job at the first failure.")] = False,
 ) -> None:
     """Submit a document and follow it live: thoughts, actions, and a closing summary."""
-    _submit_and_follow(url, api_key, {"protocol": file.read_text(encoding="utf-8"),
-                                      "options": {"fail_fast": fail_fast}})
+    from cortex_api.models import JobOptions
+
+    protocol = file.read_text(encoding="utf-8")
+    _submit_and_follow(url, api_key, lambda client: client.submit_document(
+        protocol, options=JobOptions(fail_fast=fail_fast)))
 
 
 @app.command()
@@ -250,7 +267,7 @@ def run(
     api_key: Annotated[str | None, KEY_OPTION] = None,
 ) -> None:
     """Run an agent on a message and stream the job live in the terminal."""
-    _submit_and_follow(url, api_key, {"agent": agent, "input": message})
+    _submit_and_follow(url, api_key, lambda client: client.submit_agent(agent, message))
 
 
 DEMO_QUESTION = ("What limits the speedup of parallel work, according to the notes in "
@@ -334,8 +351,7 @@ def demo(
     Ctrl-C. Exit: the job's (0 if it completed, else 1), or 128+signal if stopped before it ended."""
     import sys
 
-    import httpx
-
+    from cortex_api.client import APIError, Client, CortexClientError
     from cortex_api.follow import follow_job
     from cortex_api.stack import Interrupted, Stack, StackError, free_port
     from cortex_worker.settings import get_settings
@@ -346,16 +362,16 @@ def demo(
     try:
         with console.status("starting Redis, the worker pools, the API and Flower…"):
             stack.start(flower=True, open_api=True)
-        response = httpx.post(f"{stack.api_url}/v1/jobs", json={"agent": agent, "input": question},
-                              timeout=30)
-        if response.status_code != 202:
-            console.print(f"[red]the demo job was rejected[/]: {response.text}")
-            raise typer.Exit(1)
-        job_id = response.json()["id"]
-        console.print(f"[bold]{agent}[/]: {question}\njob {job_id} — page: "
-                      f"{stack.api_url}/jobs/{job_id}  ·  events: "
-                      f"{stack.api_url}/v1/jobs/{job_id}/events  ·  Flower: {stack.flower_url}")
-        view = follow_job(stack.api_url, job_id, console, {})
+        with Client(stack.api_url) as client:
+            try:
+                job_id = client.submit_agent(agent, question).id
+            except APIError as exc:
+                _print_rejection("the demo job was rejected", exc)
+                raise typer.Exit(1) from None
+            console.print(f"[bold]{agent}[/]: {question}\njob {job_id} — page: "
+                          f"{stack.api_url}/jobs/{job_id}  ·  events: "
+                          f"{stack.api_url}/v1/jobs/{job_id}/events  ·  Flower: {stack.flower_url}")
+            view = follow_job(client.base_url, job_id, console, client.headers)
         followed = True
         code = 0 if view.end and view.end["type"] == "job_completed" else 1
         if waits:
@@ -368,8 +384,8 @@ def demo(
                           "stop it.[/]", highlight=False, soft_wrap=True)
             with suppress(Interrupted):  # as good as Enter: the job is over, exit with its code
                 sys.stdin.readline()
-    except StackError as exc:
-        console.print(f"[red]{exc}[/]")
+    except (StackError, CortexClientError) as exc:
+        console.print(f"[red]{exc}[/]", highlight=False)
         code = 1
     except Interrupted as exc:
         console.print(f"interrupted ({exc}); stopping")

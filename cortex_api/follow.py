@@ -2,7 +2,7 @@
 
 `JobView` folds a job's events (docs/runtime.md#events) into what the terminal shows; it
 does no I/O, so it can be fed synthetic events. `follow_job` streams the events from the
-API and shows them:
+API with `cortex_api.client` (resuming after a dropped connection) and shows them:
 
 - on a terminal, a live view: the last lines of the thought (or response) being written, and
   a table of the actions with their state, start offset and duration;
@@ -14,15 +14,13 @@ chart) and the parallel speedup.
 
 from __future__ import annotations
 
-import json
 import math
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-import httpx
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markdown import Markdown
@@ -30,7 +28,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-END = {"job_completed", "job_failed", "job_cancelled"}
+from cortex_api.client import TERMINAL_EVENTS, Client
+
 FINAL = {"ok", "error", "timeout", "skipped", "cancelled"}
 STYLE = {"ok": "green", "error": "red", "timeout": "red", "skipped": "yellow",
          "cancelled": "yellow", "running": "cyan", "queued": "blue", "retrying": "yellow",
@@ -43,18 +42,12 @@ GLYPHS = {"parsed": "◆", "wait": "·", "run": "█", "failed": "✗", "not_run
 ASCII_GLYPHS = {"parsed": "^", "wait": ".", "run": "#", "failed": "x", "not_run": "o", "model": "="}
 
 
-def stream_events(base_url: str, job_id: str, headers: dict[str, str]) -> Iterator[dict[str, Any]]:
-    """The job's events from the API's SSE stream, until it closes."""
-    with httpx.stream("GET", f"{base_url}/v1/jobs/{job_id}/events", headers=headers,
-                      timeout=httpx.Timeout(10, read=None)) as response:
-        response.raise_for_status()
-        data: list[str] = []
-        for line in response.iter_lines():
-            if line.startswith("data:"):
-                data.append(line[5:].strip())
-            elif not line and data:
-                yield json.loads("\n".join(data))
-                data = []
+def stream_events(base_url: str, job_id: str,
+                  headers: Mapping[str, str]) -> Iterator[dict[str, Any]]:
+    """The job's events from the API, as `JobView.apply` takes them, until its last one."""
+    with Client(base_url, headers=headers) as client:
+        for event in client.events(job_id):
+            yield event.model_dump()
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -129,7 +122,7 @@ class JobView:
                 "start": None, "end": None, "runs": [], "attempts": 0, "error": None}
         elif kind.startswith("action_") and data.get("action_id") in self.actions:
             self._action(kind, data, ts, self.actions[data["action_id"]])
-        elif kind in END:
+        elif kind in TERMINAL_EVENTS:
             self.end = event
             for turn in self.turns.values():
                 turn["end"] = turn["end"] or ts
@@ -386,9 +379,10 @@ class _Plain:
         self.console.print(Text(text, style=style), highlight=False, soft_wrap=True)
 
 
-def follow_job(base_url: str, job_id: str, console: Console, headers: dict[str, str],
+def follow_job(base_url: str, job_id: str, console: Console, headers: Mapping[str, str],
                live: bool | None = None) -> JobView:
-    """Show the job until it ends, then its timeline; return what was seen.
+    """Show the job until it ends, then its timeline; return what was seen. `headers` are
+    a `Client`'s (`client.headers`: its key).
 
     `live`: the live view (default: when the console is a terminal), else one line per
     thought line and per action start and end.
