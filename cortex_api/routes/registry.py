@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from cortex_api.auth import require_key
 from cortex_api.errors import api_error, responses
+from cortex_worker.agents.prompt import build_system_prompt
 from cortex_worker.agents.spec import INTERNAL_ACTIONS, AgentSpec
 from cortex_worker.manifests import Registry
 from cortex_worker.plan.canvas import decompose
@@ -51,6 +52,9 @@ class AgentView(BaseModel):
     tools: list[str]
     agents: list[str]
     max_turns: int
+    system_prompt_chars: int = Field(
+        description="length of the system prompt its model reads every turn (native tool "
+                    "definitions, sent beside it, not counted)")
 
 
 class AgentDetail(AgentView):
@@ -63,6 +67,7 @@ class AgentDetail(AgentView):
     max_wall_time_s: float
     max_actions: int
     max_depth: int
+    system_prompt: str = Field(description="the system prompt, exactly as the model reads it")
 
 
 class AgentList(BaseModel):
@@ -93,12 +98,13 @@ class ToolList(BaseModel):
     items: list[ToolView]
 
 
-def _agent_fields(spec: AgentSpec) -> dict[str, Any]:
+def _agent_fields(spec: AgentSpec, registry: Registry) -> dict[str, Any]:
     config = spec.model
     model = ModelView(provider=config.provider, model=config.model, base_url=config.base_url,
                       native_tools=config.native_tools, transcript=config.transcript)
     return {"name": spec.name, "description": spec.description, "model": model,
-            "tools": list(spec.tools), "agents": list(spec.agents), "max_turns": spec.max_turns}
+            "tools": list(spec.tools), "agents": list(spec.agents), "max_turns": spec.max_turns,
+            "system_prompt_chars": len(build_system_prompt(spec, registry))}
 
 
 def _tool_fields(spec: ToolSpec) -> dict[str, Any]:
@@ -118,7 +124,7 @@ def _find(table: Mapping[str, T], kind: str, name: str) -> T:
 @router.get("/agents", response_model=AgentList)
 def list_agents(registry: RegistryDep) -> AgentList:
     """The agents of the manifests, sorted by name."""
-    return AgentList(items=[AgentView(**_agent_fields(registry.agents[name]))
+    return AgentList(items=[AgentView(**_agent_fields(registry.agents[name], registry))
                             for name in sorted(registry.agents)])
 
 
@@ -128,7 +134,7 @@ def get_agent(name: str, registry: RegistryDep) -> AgentDetail:
     spec = _find(registry.agents, "agent", name)
     policy = spec.internal_actions
     return AgentDetail(
-        **_agent_fields(spec),
+        **_agent_fields(spec, registry),
         relics=list(spec.relics),
         workflows=list(spec.workflows),
         context_feeds=[feed.id for feed in spec.context_feeds],
@@ -136,6 +142,7 @@ def get_agent(name: str, registry: RegistryDep) -> AgentDetail:
         max_wall_time_s=spec.max_wall_time_s,
         max_actions=spec.max_actions,
         max_depth=spec.max_depth,
+        system_prompt=build_system_prompt(spec, registry),
     )
 
 

@@ -41,50 +41,39 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PROTOCOL_RULES = """\
 # How you work: the Streaming Execution Protocol
 
-Your output is read while you write it. Write it as these blocks (they are not XML: write \
-JSON, Markdown, `<` and `&` as they are):
-
-- `<thought>...</thought>`: your reasoning, shown to the user. You may start actions inside it.
-- `<action type="..." mode="..." id="...">{JSON}</action>`: do something. The body is one \
-valid JSON object: `{"name": "<target>", "parameters": {...}}` (double quotes, no comments). \
-Optional body keys: "output_key", "depends_on", "timeout" (seconds), "retry" (count), \
-"on_error" ("fail" or "continue").
-- `<response final="false">...</response>`: a progress update for the user (Markdown); you \
-keep working.
-- `<response final="true">...</response>`: your final answer (Markdown). The job ends after \
+Your output is read while you write it. Write these blocks (not XML: write JSON, Markdown, \
+`<` and `&` as they are):
+- `<thought>...</thought>`: your reasoning, shown to the user. Start actions inside it.
+- `<action type="..." mode="..." id="...">{"name": "<target>", "parameters": {...}}</action>`: \
+do something. The body is one JSON object (double quotes, no comments). Optional keys: \
+"depends_on" (ids), "timeout" (seconds), "retry" (count), "on_error" ("fail" or "continue"), \
+"output_key".
+- `<response final="false">...</response>`: a progress update (Markdown); you keep working.
+- `<response final="true">...</response>`: your final answer (Markdown); the job ends after \
 this turn.
 
 Action attributes:
-- `type`: what `name` is: `tool` (the default), `agent`, `relic`, `workflow`, `llm` or \
-`internal`. Use only the names listed below.
-- `id`: a unique name for this action in the job (letters, digits, `_`). Always give one: it \
-is how you refer to the result.
-- `mode`:
-  - `async`: starts as soon as it is written while you keep writing. Use it for independent \
-work, and start it early, inside your `<thought>`, so it runs while you think. You see its \
-result in your next turn.
-  - `sync` (the default): use it when you need the result before you can go on. Your output \
-stops at its `</action>`; you continue in a new turn that has the result.
-  - `fire_and_forget`: starts, is never awaited, and its result is never shown to you \
-(logging, caching, notifications).
-- `depends_on`: ids that must finish first, e.g. `depends_on="a,b"`. Not needed when the \
-parameters already reference them.
+- `type`: `tool` (the default), `agent`, `relic`, `workflow`, `llm` or `internal`. Use only \
+the names listed below.
+- `id`: unique in the job (letters, digits, `_`). Always give one: `$id` is its result.
+- `mode`: `async` starts at once while you keep writing: use it early, inside your thought, \
+for independent work; its result comes next turn. `sync` (the default): your output stops at \
+its `</action>`; you go on next turn with its result. `fire_and_forget`: never awaited, its \
+result never shown.
+- `depends_on="a,b"`: ids that must finish first (not needed when the parameters reference them).
 
-References: in parameters and responses, `$id` (or `${id}`) is the result of the action with \
-that id or `output_key`, and `$id.field.0` / `${id.field}` reaches inside it. A parameter that \
-is exactly `"$id"` gets the value with its JSON type; inside a longer string it becomes text. \
-An action that references another one waits for it. Context feeds are variables too \
-(`$feed_id`). Write `$$` for a literal `$`.
+References: `$id` (or `${id}`) in parameters and responses is that action's result, \
+`$id.field.0` reaches inside it. A parameter that is exactly `"$id"` keeps the value's JSON \
+type. An action that references another waits for it. Context feeds are variables too. `$$` \
+is a literal `$`.
 
-What you receive: each finished action comes back in your next turn as \
-`<result id="..." status="ok|error|timeout|skipped|cancelled">...</result>` (fire_and_forget \
-ones never do). `error` and `timeout` mean it failed: adapt (other parameters, another tool, \
-or explain). `skipped` means an action it depended on failed. Current context is given as \
-`<context_feed id="...">value</context_feed>` blocks. Never write `<result>` or \
-`<context_feed>` blocks yourself, and never invent a result: wait for it.
+Results come next turn as `<result id="..." status="ok|error|timeout|skipped|cancelled">...\
+</result>` blocks: on `error` or `timeout`, adapt; `skipped`: what it depended on failed. \
+Context comes as `<context_feed id="...">value</context_feed>` blocks. Never write either \
+yourself, and never invent a result: wait for it.
 
-Every turn must start at least one action or end with `<response final="true">`. Mistakes in \
-your blocks come back to you as protocol errors: correct them and go on."""
+Every turn must start an action or end with `<response final="true">`. Protocol errors come \
+back to you: fix them and go on."""
 
 EXAMPLE = """\
 ## Example
@@ -95,7 +84,6 @@ EXAMPLE = """\
 Two independent lookups first; they run while I think.
 <action type="tool" mode="async" id="paris">{"name": "search", "parameters": {"query": "population of Paris"}}</action>
 <action type="tool" mode="async" id="rome">{"name": "search", "parameters": {"query": "population of Rome"}}</action>
-I need both numbers before I can answer.
 </thought>
 <action type="tool" mode="sync" id="total">{"name": "calculator", "parameters": {"expression": "$paris.count + $rome.count"}}</action>
 
@@ -109,14 +97,14 @@ of them: call an action, e.g. `<action type="tool" mode="sync" id="step1">{"name
 "parameters": {...}}</action>`, or finish with `<response final="true">your answer</response>`."""
 
 _INTERNAL_PARAMETERS: dict[str, str] = {
-    "add_context_feed": '{"id", "type": "on_demand" | "periodic", "interval" (seconds), '
-    '"source": {"type", "name", "params"}}: add a feed, then readable as $id',
-    "remove_context_feed": '{"id"}: remove a feed',
-    "update_context_feed": '{"id", and the fields to change}: change a feed',
-    "list_context_feeds": "{}: the current feeds",
-    "set_variable": '{"name", "value"}: set $name',
-    "delete_variable": '{"name"}: delete $name',
-    "clear_context": "{}: clear the conversation context",
+    "add_context_feed": '{"id", "type": "on_demand"|"periodic", "interval", '
+    '"source": {"type", "name", "params"}}',
+    "remove_context_feed": '{"id"}',
+    "update_context_feed": '{"id", fields to change}',
+    "list_context_feeds": "{}",
+    "set_variable": '{"name", "value"}: then $name',
+    "delete_variable": '{"name"}',
+    "clear_context": "{}: forget the conversation",
 }
 
 _FIXES: dict[str, str] = {
@@ -141,11 +129,13 @@ _FIXES: dict[str, str] = {
 
 
 def build_system_prompt(agent: AgentSpec, registry: Registry) -> str:
-    """The agent's whole system prompt: protocol, example, instructions, what it may use."""
-    intro = f"You are {agent.name}, an agent running in Cortex."
+    """The agent's whole system prompt. It starts with the protocol and the example, the same
+    text for every agent, so that providers' prompt caching shares that prefix; then who the
+    agent is, its instructions, and what it may use. Deterministic."""
+    intro = f"# You\n\nYou are {agent.name}, an agent running in Cortex."
     if agent.description.strip():
         intro += f" {agent.description.strip()}"
-    parts = [intro, PROTOCOL_RULES, EXAMPLE]
+    parts = [PROTOCOL_RULES, EXAMPLE, intro]
     if agent.system_prompt.strip():
         parts.append(f"# Your instructions\n\n{agent.system_prompt.strip()}")
     parts.append(_tools_section(agent, registry))
@@ -171,13 +161,16 @@ def _tools_section(agent: AgentSpec, registry: Registry) -> str:
     if not agent.tools:
         return '# Tools (type="tool")\n\nNone: do not write type="tool" actions.'
     lines = ['# Tools (type="tool")', ""]
-    if agent.model.native_tools:
-        lines += ["You may also call these tools as native function calls.", ""]
+    native = agent.model.native_tools
+    if native:  # their schemas are in the function definitions: not twice
+        lines += ["Call them as native function calls, or as actions with the parameters of "
+                  "their function definitions.", ""]
     for name in agent.tools:
         spec = registry.tool(name)
         description = _one_line(spec.description)
         lines.append(f"- {spec.name}" + (f": {description}" if description else ""))
-        lines.append(f"  parameters: {_compact(spec.parameters)}")
+        if not native:
+            lines.append(f"  parameters: {_compact(spec.parameters)}")
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 
 from cortex_api.app import create_app
 from cortex_api.routes.registry import registry_dep
+from cortex_worker.agents.prompt import build_system_prompt
 from cortex_worker.manifests import ManifestError, Registry, UnknownAgentError, load_registry
 from cortex_worker.settings import Settings
 from cortex_worker.tools.spec import BUILTIN_TOOLS
@@ -225,6 +226,11 @@ def test_get_agent(client: TestClient) -> None:
     assert "clear_context" not in body["internal_actions"]
     assert "set_variable" in body["internal_actions"]
     assert body["max_depth"] == 3
+    registry = load_registry(TEST_MANIFESTS)
+    prompt = build_system_prompt(registry.agent("blocked"), registry)
+    assert body["system_prompt"] == prompt and body["system_prompt_chars"] == len(prompt)
+    listed = {item["name"]: item for item in client.get("/v1/agents").json()["items"]}
+    assert listed["blocked"]["system_prompt_chars"] == len(prompt)
 
 
 def test_unknown_agent_is_404(client: TestClient) -> None:

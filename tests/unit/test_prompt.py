@@ -10,6 +10,7 @@ import pytest
 from cortex_worker.agents.prompt import (
     EXAMPLE,
     PROTOCOL_REMINDER,
+    PROTOCOL_RULES,
     build_system_prompt,
     format_errors,
     format_feeds,
@@ -40,7 +41,7 @@ def compact(schema: dict) -> str:
 def test_prompt_has_protocol_example_and_every_tool_schema(registry: Registry) -> None:
     agent = registry.agent("tester")
     prompt = build_system_prompt(agent, registry)
-    assert prompt.startswith("You are tester, an agent running in Cortex.")
+    assert "# You\n\nYou are tester, an agent running in Cortex." in prompt
     for word in ("<thought>", "depends_on", "fire_and_forget", "async", "sync", "$$",
                  'final="false"', 'final="true"', "<result id=", "<context_feed id=",
                  '"name"', '"parameters"'):
@@ -53,10 +54,28 @@ def test_prompt_has_protocol_example_and_every_tool_schema(registry: Registry) -
     assert "- helper: A nested agent" in prompt
     assert '"parameters": {"input": ' in prompt
     # sections come in a fixed order
-    order = ["# How you work", "## Example", '# Tools (type="tool")',
+    order = ["# How you work", "## Example", "# You\n", '# Tools (type="tool")',
              '# Agents (type="agent")', '# Internal actions (type="internal")']
     positions = [prompt.index(heading) for heading in order]
     assert positions == sorted(positions)
+
+
+def test_every_prompt_starts_with_the_same_protocol_prefix(registry: Registry) -> None:
+    """Providers cache a prompt's prefix: the protocol and the example come first, the same
+    for every agent, before anything of the agent's own."""
+    prompts = [build_system_prompt(agent, registry) for agent in registry.agents.values()]
+    prefix = f"{PROTOCOL_RULES}\n\n{EXAMPLE}\n\n# You\n\nYou are "
+    assert len(prompts) > 3 and all(prompt.startswith(prefix) for prompt in prompts)
+
+
+def test_a_native_tools_prompt_does_not_repeat_the_function_schemas(registry: Registry) -> None:
+    native = build_system_prompt(registry.agent("native"), registry)
+    textual = build_system_prompt(
+        registry.agent("native").model_copy(update={"model": registry.agent("tester").model}),
+        registry)
+    assert compact(registry.tool("calculator").parameters) in textual
+    assert compact(registry.tool("calculator").parameters) not in native
+    assert len(native) < len(textual)
 
 
 def test_prompt_is_deterministic(registry: Registry) -> None:
@@ -95,9 +114,10 @@ def test_instructions_relics_workflows_feeds_and_policy(registry: Registry) -> N
         "model": {"native_tools": True},
     })
     prompt = build_system_prompt(agent, registry)
-    assert prompt.startswith("You are a, an agent running in Cortex. Does things.")
+    assert "You are a, an agent running in Cortex. Does things.\n\n# Your instructions" in prompt
     assert "# Your instructions\n\nAlways be brief.\n\n# Tools" in prompt
     assert "native function calls" in prompt
+    assert "- echo: " in prompt and "parameters: {" not in prompt  # in the function definitions
     assert '# Relics (type="relic")\n\n- kv' in prompt
     assert '# Workflows (type="workflow")\n\n- etl' in prompt
     assert "- now (on_demand)" in prompt and "- off" not in prompt
