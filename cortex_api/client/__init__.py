@@ -9,7 +9,7 @@
         print(cortex.wait(job.id).result)
 
 Both share the requests (`calls`), the errors (`errors`) and the event stream (`events`);
-the response types are the API's own (`cortex_api.models`). See docs/api.md#python-client.
+the response types are the API's own (`cortex_api.models`). See README.md#python-client.
 """
 
 from cortex_api.client.aio import AsyncClient
