@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from cortex_worker.protocol.document import Document, load_document
 
@@ -218,13 +220,14 @@ def _submit_and_follow(url: str, api_key: str | None,
             _print_rejection(f"rejected ({exc.status})", exc)
             raise typer.Exit(1) from None
         except CortexClientError as exc:
-            console.print(f"[red]{exc}[/] (start it with `cortex api`)", highlight=False)
+            console.print(f"[red]{escape(str(exc))}[/] (start it with `cortex api`)",
+                          highlight=False)
             raise typer.Exit(2) from None
         console.print(f"job {job.id}")
         try:
             view = follow_job(client.base_url, job.id, console, client.headers)
         except CortexClientError as exc:
-            console.print(f"[red]lost the job's events[/]: {exc}", highlight=False)
+            console.print(f"[red]lost the job's events[/]: {escape(str(exc))}", highlight=False)
             raise typer.Exit(1) from None
     raise typer.Exit(0 if view.end and view.end["type"] == "job_completed" else 1)
 
@@ -232,11 +235,11 @@ def _submit_and_follow(url: str, api_key: str | None,
 def _print_rejection(title: str, error: APIError) -> None:
     """The API's message, then each problem it listed: a document's line and column, or
     where in the request body."""
-    console.print(f"[red]{title}[/]: {error.message}", highlight=False)
+    console.print(f"[red]{title}[/]: {escape(error.message)}", highlight=False)
     for item in error.errors:
         where = (f"{item['line']}:{item['column']} {item.get('kind', '')}" if "line" in item
                  else item.get("location", ""))
-        console.print(f"  {where}: {item.get('message', '')}", highlight=False)
+        console.print(Text(f"  {where}: {item.get('message', '')}"), highlight=False)
 
 
 URL_OPTION = typer.Option(envvar="CORTEX_API_URL", help="The Cortex API.")
@@ -385,7 +388,7 @@ def demo(
             with suppress(Interrupted):  # as good as Enter: the job is over, exit with its code
                 sys.stdin.readline()
     except (StackError, CortexClientError) as exc:
-        console.print(f"[red]{exc}[/]", highlight=False)
+        console.print(f"[red]{escape(str(exc))}[/]", highlight=False)
         code = 1
     except Interrupted as exc:
         console.print(f"interrupted ({exc}); stopping")

@@ -60,7 +60,8 @@ def unreachable(base_url: str, error: httpx.TransportError) -> ConnectionFailed:
                             f"{error or type(error).__name__}")
 
 
-def _job(job_id: str) -> str:
+def job_path(job_id: str) -> str:
+    """`/v1/jobs/<id>`, the id quoted: a caller's string never changes the route."""
     return f"/v1/jobs/{quote(job_id, safe='')}"
 
 
@@ -84,7 +85,7 @@ def submit_workflow(workflow: str, inputs: Mapping[str, Any] | None,
 
 
 def get_job(job_id: str) -> Call[JobView]:
-    return Call("GET", _job(job_id), JobView.model_validate)
+    return Call("GET", job_path(job_id), JobView.model_validate)
 
 
 def list_jobs(status: str | None, limit: int, offset: int) -> Call[JobList]:
@@ -95,14 +96,14 @@ def list_jobs(status: str | None, limit: int, offset: int) -> Call[JobList]:
 
 
 def cancel(job_id: str) -> Call[JobStatusView]:
-    return Call("POST", f"{_job(job_id)}/cancel", JobStatusView.model_validate)
+    return Call("POST", f"{job_path(job_id)}/cancel", JobStatusView.model_validate)
 
 
 def answer(job_id: str, action_id: str, verdict: str,
            reason: str | None) -> Call[dict[str, Any]]:
     """`approve` or `reject` an action that awaits approval; the API's answer as it is
     (an empty dict if it has no body)."""
-    return Call("POST", f"{_job(job_id)}/actions/{quote(action_id, safe='')}/{verdict}",
+    return Call("POST", f"{job_path(job_id)}/actions/{quote(action_id, safe='')}/{verdict}",
                 lambda body: dict(body or {}), json={"reason": reason})
 
 

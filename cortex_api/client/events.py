@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cortex_api.client.calls import job_path
 from cortex_api.client.errors import ConnectionFailed, JobTimeout
 
 TERMINAL_EVENTS = frozenset({"job_completed", "job_failed", "job_cancelled"})
@@ -62,7 +63,7 @@ class EventStream:
 
     def __init__(self, job_id: str, after: int = 0, timeout: float | None = None, *,
                  retries: int = 5, backoff: float = 0.1, max_backoff: float = 5.0) -> None:
-        self.path = f"/v1/jobs/{job_id}/events"
+        self.path = f"{job_path(job_id)}/events"
         self.last = after
         self.done = False
         self.deadline = None if timeout is None else time.monotonic() + timeout
