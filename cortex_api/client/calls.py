@@ -57,7 +57,7 @@ def http_options(base_url: str, api_key: str | None, headers: Mapping[str, str] 
 def unreachable(base_url: str, error: httpx.TransportError) -> ConnectionFailed:
     """What a request that never got an answer raises."""
     return ConnectionFailed(f"cannot reach the Cortex API at {base_url}: "
-                            f"{error or type(error).__name__}")
+                            f"{str(error) or type(error).__name__}")
 
 
 def job_path(job_id: str) -> str:
