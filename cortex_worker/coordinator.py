@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -29,6 +30,7 @@ from cortex_worker.agents.prompt import (
     tool_names,
 )
 from cortex_worker.agents.spec import AgentSpec
+from cortex_worker.chunk_writer import ChunkWriter
 from cortex_worker.kinds import KINDS, render_responses
 from cortex_worker.liveness import is_dead
 from cortex_worker.llm.config import ModelConfig
@@ -56,7 +58,7 @@ log = logging.getLogger(__name__)
 MAX_REMINDERS = 3
 STATUS_CHECK_S = 1.0  # how often a streaming turn looks at its job's status (job_ends pushes ends)
 TURN_RESTARTS = 1  # times a turn is generated again after its stream broke mid-output
-FLUSH_S = 0.05  # the most a thought or response chunk waits before it is logged (and renews its lease)
+FLUSH_S = 0.05  # the most a thought or response chunk waits before it is logged
 TURN_LEASE_S = 30.0  # a turn whose owner has not renewed it this long may be taken over
 RESULT_CHARS = 4000
 CHUNK_EVENTS = {p.TEXT, p.THOUGHT_CHUNK, p.RESPONSE_CHUNK, p.THOUGHT_END, p.CONTEXT_FEED,
@@ -172,7 +174,6 @@ class _Turn:
     limit: str | None = None  # a limit the turn hit; the job ends with it
     ended: bool = False  # the job ended (cancelled, or its wall time ran out) mid-generation
     batch: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    flushed_at: float = 0.0
     tagged: bool = False  # the model wrote protocol (a tag, or a malformed one)
     plain: list[str] = field(default_factory=list)  # text outside any tag
     native: list[tuple[ToolCall, str]] = field(default_factory=list)  # (call, its protocol text)
@@ -421,16 +422,20 @@ def _handle(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
 
 
 def _flush(store: Store, job_id: str, state: _Turn, *, force: bool = True) -> None:
-    """Log the buffered events. Text chunks are sent at most every FLUSH_S (one Redis call
-    per token would cost a worker more CPU than the parse); anything else goes at once."""
-    if not state.batch:
-        return
-    now = time.monotonic()
-    if not force and now - state.flushed_at < FLUSH_S:
-        return
-    store.emit(job_id, _coalesce(state.batch), live=True)  # nothing after the job's end
+    """Log the buffered events: now (`force`), or text chunks within FLUSH_S, together with
+    every other turn's of this process (one Redis call per token, or per stream every
+    FLUSH_S, would cost a worker more CPU than reading the streams)."""
+    writer = _chunk_writer(store)
+    if force:
+        writer.flush(job_id, state.batch)  # after the job's pending chunks; not past its end
+    else:
+        writer.add(job_id, state.batch)
     state.batch = []
-    state.flushed_at = now
+
+
+@cache
+def _chunk_writer(store: Store) -> ChunkWriter:
+    return ChunkWriter(store, FLUSH_S, prepare=_coalesce)
 
 
 def _coalesce(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:

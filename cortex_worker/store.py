@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -385,6 +385,18 @@ class Store:
         not ended (0 is returned then): a turn's output never follows `job_cancelled`."""
         args = _event_args(events)
         return int(self._run("emit", job_id, "1" if live else "0", *args)) if args else 0
+
+    def emit_many(self, batches: Mapping[str, Sequence[tuple[str, dict[str, Any]]]], *,
+                  live: bool = False) -> None:
+        """`emit` for several jobs in one round trip (a pipeline; each job's events atomic)."""
+        pipe = self.redis.pipeline(transaction=False)
+        now = repr(time.time())
+        for job_id, events in batches.items():
+            args = _event_args(events)
+            if args:
+                self._scripts["emit"](keys=job_keys(job_id)[:SCRIPT_KEYS], client=pipe,
+                                      args=[job_id, now, "1" if live else "0", *args])
+        pipe.execute()
 
     def events_after(self, job_id: str, after: int = 0, count: int | None = None) -> list[dict[str, Any]]:
         """Events with seq > `after`, in order."""

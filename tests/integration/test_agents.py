@@ -563,7 +563,7 @@ def test_an_agent_action_runs_a_child_job(api: Any, llm: FakeLLM,
                                        "parent_action": "ask", "depth": 1}
     assert child_events[-1]["data"]["result"] == "2+3 = 5"
     helper_requests = llm.requests("helper")[-2:]
-    assert helper_requests[0]["messages"][0]["content"].startswith("You are helper,")
+    assert "# You\n\nYou are helper," in helper_requests[0]["messages"][0]["content"]
     assert helper_requests[0]["messages"][1:] == [{"role": "user", "content": "What is 2+3?"}]
 
 
