@@ -182,7 +182,7 @@ def _closed_ancestor(path: Path) -> Path | None:
     return None
 
 
-def _fail(what: str, err: int | None = None) -> None:
+def fail(what: str, err: int | None = None) -> None:
     """Report a set-up failure on stderr and end this process (never returns)."""
     detail = f": {os.strerror(err)}" if err else ""
     try:
@@ -193,14 +193,14 @@ def _fail(what: str, err: int | None = None) -> None:
 
 def _check(result: int, what: str) -> None:
     if result != 0:
-        _fail(what, ctypes.get_errno())
+        fail(what, ctypes.get_errno())
 
 
 def _fork(what: str) -> int:
     try:
         return os.fork()
     except OSError as exc:
-        _fail(what, exc.errno)
+        fail(what, exc.errno)
         raise  # unreachable
 
 
@@ -236,7 +236,7 @@ def _init(p: _Plan, report: int) -> None:
     try:
         _mounts(p)
     except OSError as exc:
-        _fail(f"cannot set up the filesystem ({exc.filename or ''})", exc.errno)
+        fail(f"cannot set up the filesystem ({exc.filename or ''})", exc.errno)
     tool = _fork("cannot start the tool process")
     if tool == 0:
         os.close(report)
@@ -346,7 +346,7 @@ def _write(path: str, data: bytes) -> None:
         finally:
             os.close(fd)
     except OSError as exc:
-        _fail(f"cannot write {path}", exc.errno)
+        fail(f"cannot write {path}", exc.errno)
 
 
 def _close_all_but(keep: int, max_fd: int) -> None:

@@ -46,11 +46,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import IO, TYPE_CHECKING, Protocol
 
 from cortex_worker.errors import CortexError
 from cortex_worker.sandbox.isolation import Isolation, setup_error
 from cortex_worker.sandbox.isolation import plan as isolation_plan
-from cortex_worker.tools.spec import Limits
+
+if TYPE_CHECKING:  # the warm runner's zygote imports this module: it must not load pydantic
+    from cortex_worker.tools.spec import Limits
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 DEFAULT_MAX_OUTPUT_BYTES = 8 * 1024 * 1024
@@ -162,21 +165,29 @@ def _clamp(which: int, wanted: int) -> tuple[int, int]:
     return wanted, wanted
 
 
-def _preexec(limits: Limits, isolation: Isolation | None = None) -> Callable[[], None]:
-    """A `preexec_fn` that sets rlimits (after the namespaces of `isolation`, if any) with
-    values computed here, in the parent."""
+Rlimits = list[tuple[int, tuple[int, int]]]
+
+
+def rlimits(limits: Limits) -> Rlimits:
+    """(resource, (soft, hard)) for each rlimit of a sandboxed process, computed in the parent."""
     mib = 1024 * 1024
     _, cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)
     cpu = (limits.cpu_seconds, limits.cpu_seconds + 1)  # SIGXCPU first, SIGKILL one second later
     if cpu_hard != resource.RLIM_INFINITY:
         cpu = (min(cpu[0], cpu_hard), min(cpu[1], cpu_hard))
-    settings = [
+    return [
         (resource.RLIMIT_CORE, (0, 0)),
         (resource.RLIMIT_CPU, cpu),
         (resource.RLIMIT_AS, _clamp(resource.RLIMIT_AS, limits.memory_mb * mib)),
         (resource.RLIMIT_NPROC, _clamp(resource.RLIMIT_NPROC, limits.processes)),
         (resource.RLIMIT_FSIZE, _clamp(resource.RLIMIT_FSIZE, limits.file_mb * mib)),
     ]
+
+
+def preexec(settings: Rlimits, isolation: Isolation | None = None) -> Callable[[], None]:
+    """What runs in a forked child before the tool: the namespaces of `isolation` (if any),
+    then the rlimits. Returns in the tool process only; used by `run_sandboxed` as its
+    `preexec_fn` and by the warm runner's zygote (cortex_worker/sandbox/zygote.py)."""
     setrlimit = resource.setrlimit
     isolate = isolation_plan(isolation) if isolation is not None else None
 
@@ -213,12 +224,11 @@ def run_sandboxed(
     """
     if not argv:
         raise SandboxError("empty command: give at least the program to run")
-    if timeout <= 0:
-        raise SandboxError(f"timeout must be positive, got {timeout}")
-    cwd = Path(cwd)
-    if not cwd.is_dir():
-        raise SandboxError(f"working directory {cwd} does not exist or is not a directory")
+    cwd = checked_cwd(cwd, timeout)
     full_env = sandbox_env(cwd, env)
+    if limits is None:
+        from cortex_worker.tools.spec import Limits
+        limits = Limits()
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -229,7 +239,7 @@ def run_sandboxed(
             cwd=cwd,
             env=full_env,
             start_new_session=True,
-            preexec_fn=_preexec(limits or Limits(), isolation),  # see the docstring
+            preexec_fn=preexec(rlimits(limits), isolation),  # see the docstring
             close_fds=True,
         )
     except FileNotFoundError as exc:
@@ -243,28 +253,89 @@ def run_sandboxed(
         raise SandboxError(f"cannot start {argv[0]!r}: {exc}") from exc
     except subprocess.SubprocessError as exc:  # raised in preexec_fn (rlimits, user switch)
         raise SandboxError(f"cannot start {argv[0]!r} in the sandbox: {exc}") from exc
+    return supervise(_Child(proc), stdin=stdin, started=started, timeout=timeout,
+                     max_output_bytes=max_output_bytes)
 
+
+def checked_cwd(cwd: Path, timeout: float) -> Path:
+    """`cwd` as a Path; raises SandboxError for a missing directory or a non-positive timeout."""
+    if timeout <= 0:
+        raise SandboxError(f"timeout must be positive, got {timeout}")
+    cwd = Path(cwd)
+    if not cwd.is_dir():
+        raise SandboxError(f"working directory {cwd} does not exist or is not a directory")
+    return cwd
+
+
+class Leader(Protocol):
+    """The leader of a sandbox's process group, as `supervise` watches it."""
+
+    pid: int
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
+
+    def exit_fd(self) -> int | None:
+        """A new fd (the caller closes it) readable once the leader exited, still unreaped;
+        None: poll `exited`."""
+
+    def exited(self) -> bool:
+        """Whether the leader exited, without reaping it."""
+
+    def wait(self) -> int:
+        """Reap the leader (its group was killed first) and return its returncode."""
+
+
+class _Child:
+    """A process started here with Popen: a pidfd or waitid(WNOWAIT) sees it exit unreaped."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
+
+    def exit_fd(self) -> int | None:
+        try:
+            return os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            return None
+
+    def exited(self) -> bool:
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return info is not None
+
+    def wait(self) -> int:
+        return self.proc.wait()
+
+
+def supervise(leader: Leader, *, stdin: bytes | None, started: float, timeout: float,
+              max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> SandboxResult:
+    """Feed and drain a started sandbox until it exits or times out, kill its group, reap it:
+    the one place that does, whichever way the sandbox was started (Popen or warm runner)."""
     with _live_lock:
-        _live.add(proc.pid)
+        _live.add(leader.pid)
     try:
-        capture = _Capture(proc, stdin, started + timeout, max_output_bytes)
+        capture = _Capture(leader, stdin, started + timeout, max_output_bytes)
         capture.run()
     finally:
-        _kill_group(proc.pid)  # the leader is not reaped yet, so the pgid cannot be reused
-        proc.wait()
+        _kill_group(leader.pid)  # the leader is not reaped yet, so the pgid cannot be reused
+        returncode = leader.wait()
         with _live_lock:
-            _live.discard(proc.pid)
-            shutdown = proc.pid in _shutdown_killed
-            _shutdown_killed.discard(proc.pid)
+            _live.discard(leader.pid)
+            shutdown = leader.pid in _shutdown_killed
+            _shutdown_killed.discard(leader.pid)
 
-    if (reason := setup_error(proc.returncode, capture.err)) is not None:
+    if (reason := setup_error(returncode, capture.err)) is not None:
         raise SandboxError(reason)
     return SandboxResult(
-        returncode=proc.returncode,
+        returncode=returncode,
         stdout=bytes(capture.out),
         stderr=bytes(capture.err),
         timed_out=capture.timed_out,
-        killed_by=_killed_by(proc.returncode, capture.timed_out, shutdown),
+        killed_by=_killed_by(returncode, capture.timed_out, shutdown),
         duration_s=time.monotonic() - started,
         stdout_truncated=capture.out_truncated,
         stderr_truncated=capture.err_truncated,
@@ -292,9 +363,7 @@ def _killed_by(returncode: int, timed_out: bool, shutdown: bool) -> str | None:
 class _Capture:
     """One select loop: feed stdin, drain stdout/stderr, notice the leader's exit or timeout."""
 
-    def __init__(
-        self, proc: subprocess.Popen[bytes], stdin: bytes | None, deadline: float, cap: int
-    ) -> None:
+    def __init__(self, proc: Leader, stdin: bytes | None, deadline: float, cap: int) -> None:
         self.proc = proc
         self.stdin = memoryview(stdin) if stdin is not None else None
         self.deadline = deadline
@@ -334,18 +403,11 @@ class _Capture:
                         stream.close()
 
     def _pidfd(self) -> int | None:
-        try:
-            return os.pidfd_open(self.proc.pid)
-        except (AttributeError, OSError):
-            return None
+        return self.proc.exit_fd()
 
     def _leader_exited(self) -> bool:
-        """Without reaping it (WNOWAIT): the pgid must stay reserved until the group is killed."""
-        try:
-            info = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return True
-        return info is not None
+        """Without reaping it: the pgid must stay reserved until the group is killed."""
+        return self.proc.exited()
 
     def _on_exit(self) -> None:
         self.exited = True

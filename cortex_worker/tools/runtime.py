@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import cortex_worker
+from cortex_worker.sandbox.warm import RUNNER
 from cortex_worker.tools import sandboxed
 from cortex_worker.tools.context import ToolContext
 from cortex_worker.tools.errors import ToolError
@@ -20,8 +21,6 @@ from cortex_worker.tools.spec import ToolSpec, render_argv, validate_parameters
 
 PACKAGE_ROOT = Path(cortex_worker.__file__).resolve().parent.parent
 """The directory holding `cortex_worker`, so the sandbox runner is importable."""
-
-RUNNER = "cortex_worker.sandbox.runner"
 
 BuiltinFn = Callable[[dict[str, Any], ToolContext], Any]
 
@@ -93,6 +92,7 @@ def _python(
         env=env,
         network=spec.network == "host",
         reads=[Path(p) for p in paths],
+        warm=True,  # forked from a zygote that imported the module (cortex_worker/sandbox/warm.py)
     )
     return line.get("result")
 

@@ -13,6 +13,7 @@ from cortex_worker.sandbox import isolation
 from cortex_worker.sandbox.isolation import Isolation
 from cortex_worker.sandbox.process import SandboxError, SandboxResult, run_sandboxed
 from cortex_worker.sandbox.runner import parse_last_line
+from cortex_worker.sandbox.warm import run_warm
 from cortex_worker.settings import Settings
 from cortex_worker.tools.context import ToolContext, tool_user
 from cortex_worker.tools.errors import ToolError, ToolTimeout
@@ -89,11 +90,14 @@ def run(
     env: Mapping[str, str] | None = None,
     network: bool = False,
     reads: Sequence[Path] = (),
+    warm: bool = False,
 ) -> SandboxResult:
     """run_sandboxed in the workspace with the context's timeout; raises ToolTimeout/ToolError.
-    Without `network` the process gets no network at all; `reads` are paths it must read."""
+    Without `network` the process gets no network at all; `reads` are paths it must read.
+    `warm`: `argv` is the python runner's command, run from a warm runner (`run_warm`)."""
+    start = run_warm if warm else run_sandboxed
     try:
-        result = run_sandboxed(
+        result = start(
             argv, stdin=stdin, cwd=ctx.workspace, timeout=ctx.timeout, limits=limits, env=env,
             isolation=isolation_for(ctx, network=network, reads=reads),
         )
@@ -116,12 +120,14 @@ def run_json(
     env: Mapping[str, str] | None = None,
     network: bool = False,
     reads: Sequence[Path] = (),
+    warm: bool = False,
 ) -> dict[str, Any]:
     """Run a runner/snippet program and return its successful result line.
 
     A failure line becomes ToolError("<type>: <error>") with the stderr tail as detail.
     """
-    result = run(argv, ctx, limits=limits, stdin=stdin, env=env, network=network, reads=reads)
+    result = run(argv, ctx, limits=limits, stdin=stdin, env=env, network=network, reads=reads,
+                 warm=warm)
     line = parse_last_line(result.stdout)
     if line is None:
         if result.stdout_truncated:

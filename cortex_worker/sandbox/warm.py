@@ -1,0 +1,295 @@
+"""Warm runners: python tools run from a fork server that imported their module already.
+
+A cold python tool call starts an interpreter, imports the runner and the tool's module, then
+calls the function: 80-180 ms before the tool does anything. `run_warm` takes the same
+command (`python -P -s -m cortex_worker.sandbox.runner module:function`) and the same
+arguments as `run_sandboxed`, and returns the same result, but the process comes from a
+*zygote* (cortex_worker/sandbox/zygote.py): an interpreter started once per command and
+environment in this worker process, with the module imported, that forks one child per call.
+The child goes through the same set-up as a cold one (`process.preexec`: namespaces, mounts,
+sandbox user, rlimits; a clean environment; only its own pipes open) and is watched by the
+same `process.supervise` (timeout, kill of its whole group, `kill_all` on shutdown, output
+caps), so the sandbox's guarantees do not depend on which way a call started.
+
+A zygote is retired (it exits once its running calls ended, and the next call starts a fresh
+one) after RECYCLE_AFTER calls, after any call that was killed (timeout, a limit, a signal,
+shutdown) or failed to set up, when it died (the call is retried once on a new one), and
+beyond MAX_ZYGOTES per worker process (the least recently used). The cold runner is used
+only where no zygote can serve, and the reason is logged once per command: the module starts
+threads when imported (forking a threaded process can deadlock the child), the zygote died
+while importing it, or this kernel has no pidfds (Linux < 5.3). A zygote that is still
+importing when the call's timeout runs out also hands that one call to the cold runner.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from typing import IO
+
+from cortex_worker.sandbox import zygote
+from cortex_worker.sandbox.isolation import Isolation
+from cortex_worker.sandbox.process import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    SandboxError,
+    SandboxResult,
+    checked_cwd,
+    rlimits,
+    run_sandboxed,
+    sandbox_env,
+    supervise,
+)
+from cortex_worker.tools.spec import Limits
+
+log = logging.getLogger(__name__)
+
+RUNNER = "cortex_worker.sandbox.runner"
+ZYGOTE = "cortex_worker.sandbox.zygote"
+RECYCLE_AFTER = 500
+"""Calls a zygote forks before it is retired."""
+MAX_ZYGOTES = 8
+"""Zygotes per worker process (one per tool module and environment in use)."""
+
+Key = tuple[tuple[str, ...], tuple[tuple[str, str], ...]]
+
+
+class _Gone(Exception):
+    """The zygote is not there any more (it died, or exited after IDLE_S without calls)."""
+
+
+class _Call:
+    """A call a zygote forked. The zygote is its parent: it reports the exit on the call
+    socket and reaps the process only when that socket is closed, after `wait`."""
+
+    def __init__(self, pid: int, sock: socket.socket, stdin: IO[bytes] | None,
+                 stdout: IO[bytes], stderr: IO[bytes]) -> None:
+        self.pid, self.sock = pid, sock
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+
+    def exit_fd(self) -> int | None:
+        return os.dup(self.sock.fileno())
+
+    def exited(self) -> bool:
+        return bool(select.select([self.sock], [], [], 0)[0])
+
+    def wait(self) -> int:
+        self.sock.settimeout(None)
+        try:
+            reply = self.sock.recv(4096)
+        except OSError:
+            reply = b""
+        self.sock.close()
+        # no reply: the zygote died, and its children with it (PR_SET_PDEATHSIG)
+        return int(json.loads(reply)["returncode"]) if reply else -signal.SIGKILL
+
+
+class _Zygote:
+    """One fork server: its process, its control socket, how many calls it forked."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None) -> None:
+        home = Path(tempfile.mkdtemp(prefix="cortex-zygote-"))  # it removes it after the import
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [*argv[:-2], ZYGOTE, str(theirs.fileno()), argv[-1]], cwd=home,
+                env=sandbox_env(home, env), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),), start_new_session=True)
+        except OSError:
+            ours.close()
+            shutil.rmtree(home, ignore_errors=True)
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.calls = 0
+        self.lock = threading.Lock()
+        self.unusable: str | None = None
+        self.ready = False
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether it serves calls, once its module is imported; else `unusable` says why
+        (None: it was still importing after `timeout`)."""
+        with self.lock:
+            if not self.ready and self.unusable is None:
+                if not select.select([self.sock], [], [], timeout)[0]:
+                    return False
+                reply = self.sock.recv(4096)
+                threads = json.loads(reply)["threads"] if reply else 0
+                if not reply:
+                    self.unusable = "the zygote exited while importing the module"
+                elif threads > 1:
+                    self.unusable = (f"the module starts threads when imported ({threads} "
+                                     "threads): forking a threaded process is unsafe")
+                self.ready = self.unusable is None
+            return self.ready
+
+    def spawn(self, request: bytes, stdin: bytes | None, timeout: float) -> _Call:
+        """Fork one call with fresh pipes; raises _Gone if the zygote is not there."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        in_r, in_w = os.pipe() if stdin is not None else (os.open(os.devnull, os.O_RDONLY), -1)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            socket.send_fds(self.sock, [request], [in_r, out_w, err_w, theirs.fileno()])
+            ours.settimeout(timeout)
+            reply = ours.recv(4096)
+        except OSError:
+            reply = b""
+        finally:
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+            theirs.close()
+        if not reply:
+            for fd in (in_w, out_r, err_r):
+                if fd >= 0:
+                    os.close(fd)
+            ours.close()
+            raise _Gone
+        self.calls += 1
+        answer = json.loads(reply)
+        if "error" in answer:
+            raise SandboxError(answer["error"])
+        return _Call(answer["pid"], ours, open(in_w, "wb", buffering=0) if in_w >= 0 else None,
+                     open(out_r, "rb", buffering=0), open(err_r, "rb", buffering=0))
+
+    def retire(self) -> None:
+        """Stop sending it calls: it exits once those running have ended."""
+        self.sock.close()
+
+
+_lock = threading.Lock()
+_owner = os.getpid()  # the process whose children the zygotes below are
+_zygotes: dict[Key, _Zygote] = {}  # least recently used first
+_retired: list[_Zygote] = []
+_cold: dict[Key, str] = {}
+
+
+def run_warm(
+    argv: Sequence[str],
+    *,
+    stdin: bytes | None = None,
+    cwd: Path,
+    timeout: float,
+    limits: Limits | None = None,
+    env: Mapping[str, str] | None = None,
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    isolation: Isolation | None = None,
+) -> SandboxResult:
+    """`run_sandboxed(argv, ...)` for the cold runner's command `argv`, forked from a warm
+    zygote; the cold runner only where no zygote can serve (see the module docstring)."""
+    if list(argv[-3:-1]) != ["-m", RUNNER]:
+        raise ValueError(f"not a runner command: {list(argv)}")
+    cwd = checked_cwd(cwd, timeout)
+    limits = limits or Limits()
+    started = time.monotonic()
+    key: Key = (tuple(argv), tuple(sorted((env or {}).items())))
+    request = zygote.encode(cwd, sandbox_env(cwd, env), rlimits(limits), isolation)
+    for _ in range(2):  # a zygote found dead is replaced once
+        server = _zygote_for(key, argv, env, timeout)
+        if server is None:
+            break
+        try:
+            call = server.spawn(request, stdin, timeout)
+        except _Gone:
+            _retire(key, server)
+            continue
+        result = None
+        try:
+            result = supervise(call, stdin=stdin, started=started, timeout=timeout,
+                               max_output_bytes=max_output_bytes)
+        finally:
+            if result is None or result.killed_by is not None or result.timed_out \
+                    or server.calls >= RECYCLE_AFTER:
+                _retire(key, server)
+        return result
+    return run_sandboxed(argv, stdin=stdin, cwd=cwd, timeout=timeout, limits=limits, env=env,
+                         max_output_bytes=max_output_bytes, isolation=isolation)
+
+
+def _zygote_for(key: Key, argv: Sequence[str], env: Mapping[str, str] | None,
+                timeout: float) -> _Zygote | None:
+    """The ready zygote of `key`, started if needed; None: this call runs cold."""
+    global _owner
+    with _lock:
+        if _owner != os.getpid():  # a forked worker process: those zygotes are its parent's
+            _owner = os.getpid()
+            _zygotes.clear()
+            _retired.clear()
+        _reap_retired()
+        if key in _cold:
+            return None
+        if not pidfds():
+            _go_cold(key, "this kernel has no pidfds (Linux 5.3 or later)")
+            return None
+        server = _zygotes.pop(key, None)
+        if server is None:
+            try:
+                server = _Zygote(argv, env)
+            except OSError as exc:
+                log.warning("cannot start a warm runner for %s: %s", argv[-1], exc)
+                return None
+        _zygotes[key] = server
+        while len(_zygotes) > MAX_ZYGOTES:
+            _retire_locked(next(iter(_zygotes)))
+    if server.wait_ready(timeout):
+        return server
+    with _lock:
+        if server.unusable is not None:
+            _go_cold(key, server.unusable)
+        if _zygotes.get(key) is server:
+            _retire_locked(key)
+    return None
+
+
+def _go_cold(key: Key, reason: str) -> None:
+    _cold[key] = reason
+    log.warning("python tool %s runs cold (a new interpreter per call): %s", key[0][-1], reason)
+
+
+def _retire(key: Key, server: _Zygote) -> None:
+    with _lock:
+        if _zygotes.get(key) is server:
+            _retire_locked(key)
+
+
+def _retire_locked(key: Key) -> None:
+    server = _zygotes.pop(key)
+    server.retire()
+    _retired.append(server)
+
+
+def _reap_retired() -> None:
+    """Forget retired zygotes that have exited (reaping them)."""
+    _retired[:] = [z for z in _retired if z.proc.poll() is None]
+
+
+@cache
+def pidfds() -> bool:
+    """Whether this kernel gives pidfds, which a zygote watches its calls with."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+def _new_lock() -> None:
+    """A child forked while another thread held the lock must not wait for it forever."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
