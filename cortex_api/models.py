@@ -119,6 +119,23 @@ class JobStatusView(BaseModel):
     status: str
 
 
+class ApprovalAnswer(BaseModel):
+    """A person's answer to an action's approval request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(default=None, max_length=2000,
+                               description="why; a rejection's reason reaches the model")
+
+
+class ApprovalDecision(BaseModel):
+    """An approval request, answered."""
+
+    job_id: str
+    action_id: str
+    decision: Literal["approved", "rejected"]
+
+
 class ActionView(BaseModel):
     """One action of a job: its spec, state and outcome. Times are Unix seconds."""
 

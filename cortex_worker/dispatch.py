@@ -14,10 +14,12 @@ from typing import Any, Protocol
 
 from celery import Celery
 
+from cortex_worker import approvals
 from cortex_worker.actions import table
 from cortex_worker.app import app
 from cortex_worker.plan.canvas import Step, to_canvas
-from cortex_worker.runtime import get_registry
+from cortex_worker.runtime import get_registry, get_store
+from cortex_worker.settings import get_settings
 
 #: Both dispatch paths run actions through this task: readiness sends (job id, action id,
 #: spec, True), a canvas step (job id, action id) only.
@@ -123,10 +125,12 @@ def _options(job_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def send(job_id: str, specs: Iterable[Mapping[str, Any]], countdown: float | None = None) -> None:
-    """Send one task per action (readiness dispatch)."""
+    """Send one task per action (readiness dispatch); one that needs a person's approval is
+    held until it has it (`approvals.hold`)."""
     specs = list(specs)
     if not specs:
         return
+    specs = approvals.hold(get_store(), job_id, specs, get_registry(), get_settings())
     broker = _broker
     with broker.batch():
         for spec in specs:

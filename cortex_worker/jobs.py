@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from cortex_worker import dispatch, executor
+from cortex_worker import approvals, dispatch, executor
 from cortex_worker.actions.call import ChildJob
 from cortex_worker.actions.table import ACTION_TYPES, Target
 from cortex_worker.errors import SubmitError
@@ -255,12 +255,14 @@ def start_plan(store: Store, job: JobRecord, start: Start) -> None:
         return
     redelivered = begun == "running"  # a worker died while starting it
     step = None
-    if job.options.canvas if job.options.canvas is not None else get_settings().canvas:
+    entries = [action_entry(plan, a, _inherited(job, plan.nodes[a].action)) for a in plan.nodes]
+    gated = any(approvals.required(json.loads(e["spec"]), get_registry()) for e in entries)
+    if not gated and (job.options.canvas if job.options.canvas is not None
+                      else get_settings().canvas):  # a chain cannot wait for a person
         step = decompose(plan)
         if step is not None and step.width() > job.limit:
             step = None
     store.set_job(job_id, dispatch="canvas" if step else "readiness")
-    entries = [action_entry(plan, a, _inherited(job, plan.nodes[a].action)) for a in plan.nodes]
     result = store.register(job_id, entries, close=True)
     if not result.recorded:
         return  # cancelled while starting
@@ -365,6 +367,26 @@ def expire_deferred(store: Store, job_id: str, action_id: str) -> None:
     cancel_job(store, child_job_id(job_id, action_id), reason=f"the action {action_id!r} of job "
                f"{job_id} that started it timed out", notify=False)
     executor.record_outcome(store, job_id, action_id, spec, "timeout", None, message)
+
+
+def decide_approval(store: Store, job_id: str, action_id: str, *, approve: bool,
+                    by: str, reason: str | None = None) -> str:
+    """Answer an action's approval request (once): approved, it is sent; rejected, it fails
+    with the reason, which the model reads as its error. Returns "approved" or "rejected" when
+    this call decided, else what stood in the way: "was_approved" or "was_rejected", "none"
+    (nothing was requested) or "ended" (the job)."""
+    decision = "approved" if approve else "rejected"
+    event = {"action_id": action_id, "by": by, "reason": reason}
+    outcome = store.decide_approval(job_id, action_id, decision, event)
+    spec = store.spec(job_id, action_id)
+    if outcome != decision or spec is None:
+        return outcome
+    if approve:
+        dispatch.send(job_id, [spec])
+    else:
+        executor.record_outcome(store, job_id, action_id, spec, "error", None,
+                                f"rejected by {by}: {reason or 'no reason given'}")
+    return outcome
 
 
 class _Hooks:

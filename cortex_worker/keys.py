@@ -53,6 +53,7 @@ class JobKeys(NamedTuple):
     feeds: str  # hash: feed id -> run-time feed change
     redrives: str  # hash: action id -> times the reconciler sent it again
     timings: str  # hash: `t|<id>` type, `q|<id>` when queued (built by the scripts: prelude.lua)
+    approvals: str  # hash: action id -> approval record JSON (approvals.py)
 
 
 _SUFFIXES = {"awaiting": "await", "timings": "tm"}  # a field named as the key is, where that is a keyword

@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any
 
-from cortex_worker import dispatch, executor, jobs
+from cortex_worker import approvals, dispatch, executor, jobs
 from cortex_worker.actions.table import ACTION_TYPES
 from cortex_worker.keys import RECONCILER_LOCK
 from cortex_worker.kinds import KINDS
@@ -103,6 +103,8 @@ class Reconciler:
 
     def _actions(self, job_id: str, now: float) -> int:
         states = self.store.action_states(job_id)
+        if any(s.status == approvals.AWAITING for s in states.values()):
+            self._expire_approvals(job_id, now)
         holders = {s.owner for s in states.values() if s.status == "running" and s.owner}
         gone = dead(self.store, holders) if holders else set()
         specs: list[dict[str, Any]] = []
@@ -112,6 +114,13 @@ class Reconciler:
                 specs.append(spec)
         dispatch.send(job_id, specs)
         return len(specs)
+
+    def _expire_approvals(self, job_id: str, now: float) -> None:
+        """Reject the approval requests nobody answered in time."""
+        for action_id, request in self.store.approvals(job_id).items():
+            if request["state"] == "requested" and now >= request["expires_at"]:
+                jobs.decide_approval(self.store, job_id, action_id, approve=False, by="timeout",
+                                     reason=f"no answer within {request['timeout_s']:g} s")
 
     def _redrive(self, job_id: str, action_id: str, state: ActionState, gone: set[str],
                  now: float) -> dict[str, Any] | None:

@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     max_redrives: int = Field(default=3, ge=0, description="times an action whose worker died "
                               "is run again before it fails")
     canvas: bool = Field(default=True, description="compile series-parallel plans to canvas")
+    approval_timeout_s: float = Field(default=3600.0, gt=0, description="an action waiting "
+                                      "for approval is rejected after this long unanswered "
+                                      "(an agent's `approval.timeout_s` overrides it)")
 
     document_model: ModelConfig | None = Field(
         default=None, description="the model of `type=\"llm\"` actions in documents (JSON, as "

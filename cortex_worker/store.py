@@ -86,7 +86,8 @@ class Store:
         self.redis = client
         self._scripts = {name: client.register_script(_lua(name))
                          for name in ("emit", "register", "claim", "finish", "retry", "close", "requeue",
-                                      "resume", "begin", "redrive")}
+                                      "resume", "begin", "redrive", "approval_request",
+                                      "approval_decide")}
         self._tool_scripts = {name: client.register_script(_lua(name, prelude=False))
                               for name in ("slot_take", "slot_give")}
 
@@ -284,6 +285,24 @@ class Store:
         if not out:
             return "", None
         return ("send", json.loads(out[1])) if out[0] == "send" else ("give_up", int(out[1]))
+
+    def request_approval(self, job_id: str, action_id: str, record: dict[str, Any],
+                         event: dict[str, Any]) -> str:
+        """Hold a ready action for approval (see lua/approval_request.lua): 'new', or the
+        state that stood in the way."""
+        return str(self._run("approval_request", job_id, action_id, dumps(record), dumps(event),
+                             extra_keys=[job_keys(job_id).approvals]))
+
+    def decide_approval(self, job_id: str, action_id: str, decision: str,
+                        event: dict[str, Any]) -> str:
+        """Answer an approval request once (see lua/approval_decide.lua)."""
+        return str(self._run("approval_decide", job_id, action_id, decision, dumps(event),
+                             extra_keys=[job_keys(job_id).approvals]))
+
+    def approvals(self, job_id: str) -> dict[str, dict[str, Any]]:
+        """The job's approval records, by action id."""
+        raw = self.redis.hgetall(job_keys(job_id).approvals)
+        return {action_id: json.loads(record) for action_id, record in raw.items()}
 
     def redrives(self, job_id: str, what: str) -> int:
         """How many times `what` (an action id, or "@start" and the like) was sent again."""

@@ -14,7 +14,7 @@ CORPUS = REPO_ROOT / "tests" / "corpus"  # the protocol corpus, kept in the repo
 TEST_MANIFESTS = REPO_ROOT / "tests" / "manifests"
 EXAMPLE_MANIFESTS = REPO_ROOT / "examples" / "manifests"
 TEST_AGENTS = sorted([
-    "analyzer", "blocked", "claude_tester", "clock", "comprehensive_analyzer",
+    "analyzer", "blocked", "cautious", "claude_tester", "clock", "comprehensive_analyzer",
     "correlation_analyzer", "data_analyzer", "error_analyzer", "feed_lab", "feeder", "hasty",
     "helper", "llm_feeder", "native", "native_clock", "pattern_analyzer", "retrier", "shallow",
     "tester"])

@@ -12,7 +12,14 @@ import httpx
 from cortex_api.client import calls
 from cortex_api.client.errors import Unavailable, error_for
 from cortex_api.client.events import Event, EventStream
-from cortex_api.models import JobCreated, JobList, JobOptions, JobStatusView, JobView
+from cortex_api.models import (
+    ApprovalDecision,
+    JobCreated,
+    JobList,
+    JobOptions,
+    JobStatusView,
+    JobView,
+)
 
 if TYPE_CHECKING:
     from cortex_api.routes.registry import AgentView, ToolView
@@ -57,11 +64,11 @@ class AsyncClient:
     async def cancel(self, job_id: str) -> JobStatusView:
         return await self._send(calls.cancel(job_id))
 
-    async def approve(self, job_id: str, action_id: str) -> dict[str, Any]:
+    async def approve(self, job_id: str, action_id: str) -> ApprovalDecision:
         return await self._send(calls.answer(job_id, action_id, "approve", None))
 
     async def reject(self, job_id: str, action_id: str,
-                     reason: str | None = None) -> dict[str, Any]:
+                     reason: str | None = None) -> ApprovalDecision:
         return await self._send(calls.answer(job_id, action_id, "reject", reason))
 
     async def events(self, job_id: str, *, after: int = 0,

@@ -14,7 +14,15 @@ from urllib.parse import quote
 import httpx
 
 from cortex_api.client.errors import ConnectionFailed, error_for
-from cortex_api.models import JobCreate, JobCreated, JobList, JobOptions, JobStatusView, JobView
+from cortex_api.models import (
+    ApprovalDecision,
+    JobCreate,
+    JobCreated,
+    JobList,
+    JobOptions,
+    JobStatusView,
+    JobView,
+)
 
 if TYPE_CHECKING:
     from cortex_api.routes.registry import AgentView, ToolView
@@ -100,11 +108,10 @@ def cancel(job_id: str) -> Call[JobStatusView]:
 
 
 def answer(job_id: str, action_id: str, verdict: str,
-           reason: str | None) -> Call[dict[str, Any]]:
-    """`approve` or `reject` an action that awaits approval; the API's answer as it is
-    (an empty dict if it has no body)."""
+           reason: str | None) -> Call[ApprovalDecision]:
+    """`approve` or `reject` an action that awaits approval."""
     return Call("POST", f"{job_path(job_id)}/actions/{quote(action_id, safe='')}/{verdict}",
-                lambda body: dict(body or {}), json={"reason": reason})
+                ApprovalDecision.model_validate, json={"reason": reason})
 
 
 def list_agents() -> Call[list[AgentView]]:

@@ -12,7 +12,14 @@ import httpx
 from cortex_api.client import calls
 from cortex_api.client.errors import Unavailable, error_for
 from cortex_api.client.events import Event, EventStream
-from cortex_api.models import JobCreated, JobList, JobOptions, JobStatusView, JobView
+from cortex_api.models import (
+    ApprovalDecision,
+    JobCreated,
+    JobList,
+    JobOptions,
+    JobStatusView,
+    JobView,
+)
 
 if TYPE_CHECKING:
     from cortex_api.routes.registry import AgentView, ToolView
@@ -62,11 +69,11 @@ class Client:
         """Cancel the job; `Conflict` if it had already ended (`detail["status"]` says how)."""
         return self._send(calls.cancel(job_id))
 
-    def approve(self, job_id: str, action_id: str) -> dict[str, Any]:
+    def approve(self, job_id: str, action_id: str) -> ApprovalDecision:
         """Let an action that awaits approval run."""
         return self._send(calls.answer(job_id, action_id, "approve", None))
 
-    def reject(self, job_id: str, action_id: str, reason: str | None = None) -> dict[str, Any]:
+    def reject(self, job_id: str, action_id: str, reason: str | None = None) -> ApprovalDecision:
         """Refuse an action that awaits approval; the model sees it fail with `reason`."""
         return self._send(calls.answer(job_id, action_id, "reject", reason))
 

@@ -6,11 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
 
-from cortex_api.auth import CallerDep, StreamCallerDep
+from cortex_api.auth import Caller, CallerDep, StreamCallerDep
 from cortex_api.deps import HubDep, SettingsDep, StoreDep
 from cortex_api.errors import api_error, job_not_found, responses, submitting
 from cortex_api.limits import check_document_size
 from cortex_api.models import (
+    ApprovalAnswer,
+    ApprovalDecision,
     JobCreate,
     JobCreated,
     JobLinks,
@@ -21,7 +23,13 @@ from cortex_api.models import (
     JobView,
 )
 from cortex_api.sse import EventStreamResponse, event_stream, resume_point
-from cortex_worker.jobs import cancel_job, submit_agent, submit_document, submit_workflow
+from cortex_worker.jobs import (
+    cancel_job,
+    decide_approval,
+    submit_agent,
+    submit_document,
+    submit_workflow,
+)
 from cortex_worker.store import Store
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -88,6 +96,43 @@ def cancel(job_id: str, store: StoreDep, caller: CallerDep) -> JobStatusView:
         status = _status(store, job_id) or "unknown"
         raise api_error(409, f"job {job_id!r} has already ended ({status})", status=status)
     return JobStatusView(id=job_id, status=_status(store, job_id) or "cancelled")
+
+
+@router.post("/{job_id}/actions/{action_id}/approve", response_model=ApprovalDecision,
+             responses=responses(404, 409))
+def approve(job_id: str, action_id: str, store: StoreDep, caller: CallerDep,
+            body: ApprovalAnswer | None = None) -> ApprovalDecision:
+    """Approve an action that awaits approval: it is sent to its pool. 409 if it does not
+    await approval (any more)."""
+    return _decide(store, caller, job_id, action_id, True, body or ApprovalAnswer())
+
+
+@router.post("/{job_id}/actions/{action_id}/reject", response_model=ApprovalDecision,
+             responses=responses(404, 409))
+def reject(job_id: str, action_id: str, store: StoreDep, caller: CallerDep,
+           body: ApprovalAnswer | None = None) -> ApprovalDecision:
+    """Reject an action that awaits approval: it fails with the reason, which the model
+    reads as its error. 409 if it does not await approval (any more)."""
+    return _decide(store, caller, job_id, action_id, False, body or ApprovalAnswer())
+
+
+def _decide(store: Store, caller: Caller, job_id: str, action_id: str, approve: bool,
+            answer: ApprovalAnswer) -> ApprovalDecision:
+    job = store.peek(job_id, "status", "tenant")
+    if job is None or not caller.owns(job.tenant):
+        raise job_not_found(job_id)
+    if store.spec(job_id, action_id) is None:
+        raise api_error(404, f"job {job_id!r} has no action {action_id!r}")
+    outcome = decide_approval(store, job_id, action_id, approve=approve,
+                              by=f"tenant {caller.tenant}" if caller.enforced else "api",
+                              reason=answer.reason)
+    if outcome == "approved" or outcome == "rejected":
+        return ApprovalDecision(job_id=job_id, action_id=action_id, decision=outcome)
+    why = {"none": "it does not require approval, or is not ready yet",
+           "ended": f"the job has ended ({_status(store, job_id)})"}.get(
+               outcome, f"it was already {outcome.removeprefix('was_')}")
+    raise api_error(409, f"action {action_id!r} of job {job_id!r} does not await approval: {why}",
+                    state=outcome)
 
 
 @router.get("/{job_id}/events", status_code=200, response_class=EventStreamResponse,

@@ -25,6 +25,22 @@ class InternalActionPolicy(BaseModel):
         return self.enabled and name in self.allowed and name not in self.blocked
 
 
+class ApprovalPolicy(BaseModel):
+    """Which of an agent's actions wait for a person's approval, and for how long."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    require: list[str] = Field(default_factory=list, description="names of the targets whose "
+                               "actions need approval (tools, agents, relics, workflows, "
+                               "internal actions); `*`: every action")
+    timeout_s: float | None = Field(default=None, gt=0, description="an unanswered request is "
+                                    "rejected after this long (default: the setting "
+                                    "approval_timeout_s)")
+
+    def requires(self, name: str) -> bool:
+        return "*" in self.require or name in self.require
+
+
 class FeedSource(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -70,6 +86,7 @@ class AgentSpec(BaseModel):
     max_depth: int = Field(default=3, ge=0, le=20, description="nesting of agent actions")
     context_feeds: list[FeedSpec] = Field(default_factory=list)
     internal_actions: InternalActionPolicy = Field(default_factory=InternalActionPolicy)
+    approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy)
 
     def refusal(self, kind: str, name: str) -> str | None:
         """Why this agent may not use the `kind` (action or feed source type) `name`, or None."""

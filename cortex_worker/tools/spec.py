@@ -106,6 +106,9 @@ class ToolSpec(BaseModel):
     max_concurrency: int | None = Field(
         default=None, gt=0, description="calls of this tool that run at once across the whole "
         "cluster; the others wait, without holding a worker slot, until one ends")
+    require_approval: bool = Field(
+        default=False, description="every call waits, holding no worker slot, until a person "
+        "approves it (POST /v1/jobs/{id}/actions/{action}/approve) or rejects it")
     limits: Limits = Field(default_factory=Limits)
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
     network: Literal["none", "host"] | None = Field(

@@ -139,3 +139,8 @@ def nap(seconds: float) -> dict[str, float]:
 
     time.sleep(seconds)
     return {"slept": seconds}
+
+
+def deploy(target: str) -> dict[str, str]:
+    """A call someone must approve first (tools.yaml: require_approval)."""
+    return {"deployed": target}

@@ -41,7 +41,8 @@ def test_test_manifests_load_without_expanding_env(monkeypatch: pytest.MonkeyPat
     tester = registry.agent("tester")
     assert tester.model.base_url == "${CORTEX_TEST_LLM_URL}"
     assert tester.model.model == "tester" and tester.model.api_key_env is None
-    assert tester.tools == ["echo", "sleep", "calculator", "fail", "flaky", "web_scraper", "python"]
+    assert tester.tools == ["echo", "sleep", "calculator", "fail", "flaky", "web_scraper", "python",
+                            "deploy"]
     assert tester.agents == ["helper"] and tester.max_turns == 4
     assert registry.agent("helper").max_turns == 3
     assert registry.agent("native").model.native_tools is True

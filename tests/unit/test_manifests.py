@@ -25,7 +25,7 @@ TEST_TOOLS = {
     "web_scraper", "arxiv_search", "news_api", "api_call", "data_collector", "quick_analyzer",
     "log_aggregator", "metrics_collector", "debug_tracer", "fail", "flaky", "count_calls",
     "word_count", "box_echo", "box_wc", "box_sleep", "box_sh", "box_net", "box_net_host",
-    "box_missing", "rate_limited",
+    "box_missing", "rate_limited", "deploy",
     "distance", "shout",  # @tool functions of function_tools.py (kind: ToolModule)
     "time.get_current_time", "time.convert_time",  # mcp.yaml: mcp-server-time
     "faulty.crash", "faulty.pid", "faulty.hang", "faulty.fail",  # mcp.yaml: tests/mcp_servers
