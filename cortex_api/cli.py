@@ -273,6 +273,51 @@ def run(
     _submit_and_follow(url, api_key, lambda client: client.submit_agent(agent, message))
 
 
+def _answer(url: str, api_key: str | None, job_id: str, action_id: str,
+            reason: str | None, approve: bool) -> None:
+    """Answer an approval request; exit 1 with the API's message if it cannot be."""
+    from cortex_api.client import APIError, Client, CortexClientError
+
+    with Client(url, api_key=api_key) as client:
+        try:
+            decision = (client.approve(job_id, action_id) if approve
+                        else client.reject(job_id, action_id, reason=reason))
+        except APIError as exc:
+            _print_rejection(f"not {'approved' if approve else 'rejected'} ({exc.status})", exc)
+            raise typer.Exit(1) from None
+        except CortexClientError as exc:
+            console.print(f"[red]{escape(str(exc))}[/]", highlight=False)
+            raise typer.Exit(2) from None
+    console.print(f"action {action_id} of job {job_id}: {decision.decision}", highlight=False)
+
+
+JOB_ARGUMENT = typer.Argument(help="The job.")
+ACTION_ARGUMENT = typer.Argument(help="The action awaiting approval (its id).")
+
+
+@app.command()
+def approve(
+    job_id: Annotated[str, JOB_ARGUMENT],
+    action_id: Annotated[str, ACTION_ARGUMENT],
+    url: Annotated[str, URL_OPTION] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, KEY_OPTION] = None,
+) -> None:
+    """Approve an action that awaits approval: it runs."""
+    _answer(url, api_key, job_id, action_id, None, approve=True)
+
+
+@app.command()
+def reject(
+    job_id: Annotated[str, JOB_ARGUMENT],
+    action_id: Annotated[str, ACTION_ARGUMENT],
+    reason: Annotated[str | None, typer.Option(help="Why; the model reads it.")] = None,
+    url: Annotated[str, URL_OPTION] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, KEY_OPTION] = None,
+) -> None:
+    """Reject an action that awaits approval: it fails with the reason."""
+    _answer(url, api_key, job_id, action_id, reason, approve=False)
+
+
 DEMO_QUESTION = ("What limits the speedup of parallel work, according to the notes in "
                  "examples/docs, and what do their formulas predict for a job that is 95% "
                  "parallel on 16 workers?")

@@ -686,6 +686,12 @@ def cortex_command() -> list[str]:
     return [sys.executable, "-c", "from cortex_api.cli import app; app()"]
 
 
+def run_cortex(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the CLI to its end (120 columns wide), capturing what it prints."""
+    return subprocess.run([*cortex_command(), *args], env={**env, "COLUMNS": "120"},
+                          capture_output=True, text=True, timeout=60)
+
+
 @contextlib.contextmanager
 def _cortex_environ(env: Mapping[str, str]) -> Iterator[None]:
     """Temporarily make this process's `CORTEX_*` variables exactly those of `env`."""

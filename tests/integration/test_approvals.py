@@ -99,3 +99,20 @@ def test_only_the_jobs_tenant_may_answer(workers: Any, tenants_api: harness.Proc
         approved = [e for e in alpha.events(job_id) if e.type == "action_approved"]
         assert json.dumps(approved[0].data) == json.dumps(
             {"action_id": "d", "by": "tenant alpha", "reason": None})
+
+
+def test_the_cli_approves_and_rejects(client: Client, api: harness.Process,
+                                      cortex_env: dict[str, str]) -> None:
+    env = {**cortex_env, "CORTEX_API_URL": api.url}
+    first, second = (client.submit_document(DOCUMENT).id for _ in range(2))
+    until_requested(client, first)
+    until_requested(client, second)
+    approved = harness.run_cortex(env, "approve", first, "d")
+    assert approved.returncode == 0 and f"action d of job {first}: approved" in approved.stdout
+    rejected = harness.run_cortex(env, "reject", second, "d", "--reason", "not today")
+    assert rejected.returncode == 0, rejected.stdout + rejected.stderr
+    assert client.wait(first, timeout=30).status == "completed"
+    failed = client.wait(second, timeout=30)
+    assert {a.id: a.error for a in failed.actions}["d"] == "rejected by api: not today"
+    again = harness.run_cortex(env, "approve", first, "d")
+    assert again.returncode == 1 and "does not await approval" in again.stdout
