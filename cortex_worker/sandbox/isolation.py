@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import NoReturn
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -103,11 +104,15 @@ class _Plan:
     flags: int
     writable: str
     veils: list[tuple[str, list[str]]]  # (directory shown empty, paths bound back), outer first
+    home: str | None  # the veil the workspace is bound into (None: bound over itself)
+    writable_flags: int  # per-mount flags of the filesystem holding the workspace
     user: tuple[int, int] | None
     maps: tuple[bytes, bytes] | None  # uid_map, gid_map for a user namespace
     cap_last: int
     max_fd: int
     libc: ctypes.CDLL = field(repr=False)
+    workspace: Callable[[], str] | None = field(default=None, repr=False)
+    home_fd: int = -1  # `home` as it was before the veil covered it (set by the init)
 
 
 def setup_error(returncode: int, stderr: bytes | bytearray) -> str | None:
@@ -121,8 +126,13 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def plan(isolation: Isolation) -> Callable[[], None]:
-    """The isolation part of a `preexec_fn`: returns in the tool process only."""
+def plan(isolation: Isolation,
+         workspace: Callable[[], Path] | None = None) -> Callable[[], None]:
+    """The isolation part of a `preexec_fn`: returns in the tool process only.
+
+    `workspace`, if given, is called in the tool process once the sandbox is set up but for
+    the workspace, and returns the directory to bind writable instead of `isolation.writable`
+    (a sibling of it: same parent). A warm runner's spare learns its call's workspace then."""
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
     if isolation.network:
         flags |= CLONE_NEWNET
@@ -136,10 +146,17 @@ def plan(isolation: Isolation) -> Callable[[], None]:
     except (OSError, ValueError):
         cap_last = 40
     user = isolation.user if os.geteuid() == 0 else None
-    p = _Plan(flags=flags, writable=str(isolation.writable.resolve()),
-              veils=veils(isolation, user),
+    writable = str(isolation.writable.resolve())
+    shown = veils(isolation, user)
+    holding = [(target, kept) for target, kept in mount_points()
+               if writable == target or writable.startswith(target.rstrip("/") + "/")]
+    p = _Plan(flags=flags, writable=writable,
+              veils=[(d, [path for path in paths if path != writable]) for d, paths in shown],
+              home=next((d for d, paths in shown if writable in paths), None),
+              writable_flags=max(holding, key=lambda m: len(m[0]))[1] if holding else 0,
               user=user, maps=maps,
-              cap_last=cap_last, max_fd=os.sysconf("SC_OPEN_MAX"), libc=_libc())
+              cap_last=cap_last, max_fd=os.sysconf("SC_OPEN_MAX"), libc=_libc(),
+              workspace=None if workspace is None else lambda: str(workspace().resolve()))
     return lambda: _relay(p)
 
 
@@ -182,7 +199,7 @@ def _closed_ancestor(path: Path) -> Path | None:
     return None
 
 
-def fail(what: str, err: int | None = None) -> None:
+def fail(what: str, err: int | None = None) -> NoReturn:
     """Report a set-up failure on stderr and end this process (never returns)."""
     detail = f": {os.strerror(err)}" if err else ""
     try:
@@ -201,7 +218,6 @@ def _fork(what: str) -> int:
         return os.fork()
     except OSError as exc:
         fail(what, exc.errno)
-        raise  # unreachable
 
 
 _RESET = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
@@ -224,10 +240,12 @@ def _relay(p: _Plan) -> None:
         return  # in the tool process
     os.close(write_end)
     _close_all_but(read_end, p.max_fd)
-    _, status = _wait_for(-1)
+    # the init reports the tool's status before it exits: the relay need not wait for the
+    # kernel to tear the namespaces down (the caller kills the group, init included, next)
     reported = os.read(read_end, 8)
     if len(reported) == 8:
-        status = int.from_bytes(reported, "little", signed=True)
+        _exit_like(int.from_bytes(reported, "little", signed=True))
+    _, status = _wait_for(-1)  # the init failed before it could report
     _exit_like(status)
 
 
@@ -240,7 +258,14 @@ def _init(p: _Plan, report: int) -> None:
     tool = _fork("cannot start the tool process")
     if tool == 0:
         os.close(report)
-        _become_tool(p)
+        workspace = p.writable if p.workspace is None else p.workspace()
+        if os.path.dirname(workspace) != os.path.dirname(p.writable):
+            fail(f"workspace {workspace} is not beside {p.writable}")
+        try:
+            _bind_workspace(p, workspace)
+        except OSError as exc:
+            fail(f"cannot mount the workspace ({exc.filename or ''})", exc.errno)
+        _become_tool(p, workspace)
         return
     _close_all_but(report, p.max_fd)
     while True:
@@ -251,8 +276,8 @@ def _init(p: _Plan, report: int) -> None:
     os._exit(0)  # the kernel now kills whatever is left in the namespace
 
 
-def _become_tool(p: _Plan) -> None:
-    os.chdir(p.writable)  # the bind mount, not the read-only directory beneath it
+def _become_tool(p: _Plan, workspace: str) -> None:
+    os.chdir(workspace)  # the bind mount, not the read-only directory beneath it
     if p.user is not None:
         uid, gid = p.user
         os.setgroups([])
@@ -267,17 +292,23 @@ def _become_tool(p: _Plan) -> None:
     _check(p.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "cannot set no_new_privs")
 
 
-def _mounts(p: _Plan) -> None:
-    mount = p.libc.mount
+def _mount(p: _Plan, source: str | None, target: str, fstype: str | None, flags: int,
+           data: str | None = None) -> None:
+    if p.libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), target)
 
+
+def _mounts(p: _Plan) -> None:
+    """Everything but the workspace: veils, a fresh /proc, every mount read-only."""
     def call(source: str | None, target: str, fstype: str | None, flags: int,
              data: str | None = None) -> None:
-        if mount(_b(source), _b(target), _b(fstype), flags, _b(data)) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), target)
+        _mount(p, source, target, fstype, flags, data)
 
     call(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the host
     kept = {path: os.open(path, os.O_PATH) for _, paths in p.veils for path in paths}
+    if p.home is not None:  # the tool process binds the workspace from here, once veiled
+        p.home_fd = os.open(p.home, os.O_PATH | os.O_CLOEXEC)
     for directory, paths in p.veils:
         os.makedirs(directory, exist_ok=True)
         call("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
@@ -290,11 +321,9 @@ def _mounts(p: _Plan) -> None:
             call(f"/proc/self/fd/{kept[path]}", path, None, MS_BIND | MS_REC)
     for fd in kept.values():
         os.close(fd)
-    if p.writable not in kept:
-        call(p.writable, p.writable, None, MS_BIND | MS_REC)
     call("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for target, flags in mount_points():
-        if target == p.writable or target.startswith("/proc/"):
+        if target.startswith("/proc/"):
             continue  # the fresh /proc has no submounts: these lie under it, out of reach
         try:
             call(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
@@ -303,6 +332,21 @@ def _mounts(p: _Plan) -> None:
             # anything else would leave something writable
             if exc.errno not in (errno.ENOENT, errno.EACCES) or target == "/":
                 raise
+
+
+def _bind_workspace(p: _Plan, workspace: str) -> None:
+    """Mount the workspace read-write, the last mount: in its veil (writable for the moment
+    it takes to make the mount point), or over itself."""
+    veil = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV
+    source = workspace
+    if p.home is not None:
+        source = f"/proc/self/fd/{p.home_fd}/{os.path.relpath(workspace, p.home)}"
+        _mount(p, None, p.home, None, veil)
+        os.makedirs(workspace, exist_ok=True)
+    _mount(p, source, workspace, None, MS_BIND | MS_REC)
+    _mount(p, None, workspace, None, MS_REMOUNT | MS_BIND | p.writable_flags)
+    if p.home is not None:
+        _mount(p, None, p.home, None, veil | MS_RDONLY)
 
 
 def mount_points(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, int]]:

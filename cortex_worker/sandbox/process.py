@@ -184,20 +184,23 @@ def rlimits(limits: Limits) -> Rlimits:
     ]
 
 
-def preexec(settings: Rlimits, isolation: Isolation | None = None) -> Callable[[], None]:
-    """What runs in a forked child before the tool: the namespaces of `isolation` (if any),
-    then the rlimits. Returns in the tool process only; used by `run_sandboxed` as its
-    `preexec_fn` and by the warm runner's zygote (cortex_worker/sandbox/zygote.py)."""
-    setrlimit = resource.setrlimit
+def _preexec(settings: Rlimits, isolation: Isolation | None = None) -> Callable[[], None]:
+    """A `preexec_fn` that sets rlimits (after the namespaces of `isolation`, if any) with
+    values computed here, in the parent."""
     isolate = isolation_plan(isolation) if isolation is not None else None
 
     def apply() -> None:
         if isolate is not None:
             isolate()  # returns in the tool process only
-        for which, value in settings:
-            setrlimit(which, value)
+        set_rlimits(settings)
 
     return apply
+
+
+def set_rlimits(settings: Rlimits) -> None:
+    """Apply `rlimits(...)` to this process (a sandboxed child, before the tool runs)."""
+    for which, value in settings:
+        resource.setrlimit(which, value)
 
 
 # ---------------------------------------------------------------- running
@@ -239,7 +242,7 @@ def run_sandboxed(
             cwd=cwd,
             env=full_env,
             start_new_session=True,
-            preexec_fn=preexec(rlimits(limits), isolation),  # see the docstring
+            preexec_fn=_preexec(rlimits(limits), isolation),  # see the docstring
             close_fds=True,
         )
     except FileNotFoundError as exc:

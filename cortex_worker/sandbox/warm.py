@@ -4,12 +4,12 @@ A cold python tool call starts an interpreter, imports the runner and the tool's
 calls the function: 80-180 ms before the tool does anything. `run_warm` takes the same
 command (`python -P -s -m cortex_worker.sandbox.runner module:function`) and the same
 arguments as `run_sandboxed`, and returns the same result, but the process comes from a
-*zygote* (cortex_worker/sandbox/zygote.py): an interpreter started once per command and
+*zygote* (cortex_worker/sandbox/zygote.py): an interpreter started once per tool module and
 environment in this worker process, with the module imported, that forks one child per call.
-The child goes through the same set-up as a cold one (`process.preexec`: namespaces, mounts,
-sandbox user, rlimits; a clean environment; only its own pipes open) and is watched by the
-same `process.supervise` (timeout, kill of its whole group, `kill_all` on shutdown, output
-caps), so the sandbox's guarantees do not depend on which way a call started.
+The child goes through the same set-up as a cold one (`isolation.plan`: namespaces, mounts,
+sandbox user; then the rlimits, a clean environment, only its own pipes open) and is watched
+by the same `process.supervise` (timeout, kill of its whole group, `kill_all` on shutdown,
+output caps), so the sandbox's guarantees do not depend on which way a call started.
 
 A zygote is retired (it exits once its running calls ended, and the next call starts a fresh
 one) after RECYCLE_AFTER calls, after any call that was killed (timeout, a limit, a signal,
@@ -63,6 +63,7 @@ MAX_ZYGOTES = 8
 """Zygotes per worker process (one per tool module and environment in use)."""
 
 Key = tuple[tuple[str, ...], tuple[tuple[str, str], ...]]
+"""The interpreter with its flags and the module, and the environment of the tool."""
 
 
 class _Gone(Exception):
@@ -98,13 +99,14 @@ class _Call:
 class _Zygote:
     """One fork server: its process, its control socket, how many calls it forked."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None) -> None:
+    def __init__(self, key: Key) -> None:
+        (*python, module), env = key
         home = Path(tempfile.mkdtemp(prefix="cortex-zygote-"))  # it removes it after the import
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
-                [*argv[:-2], ZYGOTE, str(theirs.fileno()), argv[-1]], cwd=home,
-                env=sandbox_env(home, env), stdin=subprocess.DEVNULL,
+                [*python, ZYGOTE, str(theirs.fileno()), module], cwd=home,
+                env=sandbox_env(home, dict(env)), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),), start_new_session=True)
         except OSError:
@@ -195,10 +197,12 @@ def run_warm(
     cwd = checked_cwd(cwd, timeout)
     limits = limits or Limits()
     started = time.monotonic()
-    key: Key = (tuple(argv), tuple(sorted((env or {}).items())))
-    request = zygote.encode(cwd, sandbox_env(cwd, env), rlimits(limits), isolation)
+    module = argv[-1].partition(":")[0]
+    key: Key = ((*argv[:-2], module), tuple(sorted((env or {}).items())))
+    request = zygote.encode(zygote.Request(argv[-1], cwd, sandbox_env(cwd, env),
+                                           rlimits(limits), isolation))
     for _ in range(2):  # a zygote found dead is replaced once
-        server = _zygote_for(key, argv, env, timeout)
+        server = _zygote_for(key, timeout)
         if server is None:
             break
         try:
@@ -219,8 +223,7 @@ def run_warm(
                          max_output_bytes=max_output_bytes, isolation=isolation)
 
 
-def _zygote_for(key: Key, argv: Sequence[str], env: Mapping[str, str] | None,
-                timeout: float) -> _Zygote | None:
+def _zygote_for(key: Key, timeout: float) -> _Zygote | None:
     """The ready zygote of `key`, started if needed; None: this call runs cold."""
     global _owner
     with _lock:
@@ -237,9 +240,9 @@ def _zygote_for(key: Key, argv: Sequence[str], env: Mapping[str, str] | None,
         server = _zygotes.pop(key, None)
         if server is None:
             try:
-                server = _Zygote(argv, env)
+                server = _Zygote(key)
             except OSError as exc:
-                log.warning("cannot start a warm runner for %s: %s", argv[-1], exc)
+                log.warning("cannot start a warm runner for %s: %s", key[0][-1], exc)
                 return None
         _zygotes[key] = server
         while len(_zygotes) > MAX_ZYGOTES:

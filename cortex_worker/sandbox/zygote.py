@@ -1,27 +1,33 @@
-"""The warm runner's fork server: `python -m cortex_worker.sandbox.zygote FD module:function`.
+"""The warm runner's fork server: `python -m cortex_worker.sandbox.zygote FD module`.
 
-Started by `cortex_worker.sandbox.warm` with the same interpreter, flags, environment and
-`PYTHONPATH` as the cold runner (`-m cortex_worker.sandbox.runner module:function`), it imports
-the tool's module once, then forks one child per call. Each child is set up the way
-`run_sandboxed` sets up the cold runner: its stdin/stdout/stderr are the call's pipes, every
-other descriptor is closed, it changes to the workspace, starts a session, takes the call's
-environment, and goes through `process.preexec` (the namespaces of `isolation.py` and the
-rlimits); then, in the tool process, it runs `runner.main`. A call that changes the module's
-globals changes its own copy: the next call forks from the zygote again.
+Started by `cortex_worker.sandbox.warm` with the interpreter, flags, environment and
+`PYTHONPATH` of the cold runner (`-m cortex_worker.sandbox.runner module:function`), it imports
+the tool's module once, then forks one child per call, and never runs a call itself: a call
+that changes the module's globals changes its own copy.
 
-The zygote never runs a call. Protocol, over SOCK_SEQPACKET sockets, one JSON object a message:
+Each child is set up the way `run_sandboxed` sets up a cold runner: its own process group
+(set by the zygote too, so it exists before the worker may kill it), the namespaces, mounts
+and sandbox user of `isolation.plan`, the call's rlimits, an environment built from scratch,
+only the call's stdin/stdout/stderr open, the workspace as working directory; then it runs
+`runner.main`. To keep that set-up off the call's path, the
+zygote forks the child for the *next* call as soon as it hands one out: this *spare* creates
+its namespaces and mounts (all but the workspace, see `isolation.plan(workspace=...)`) and
+waits. A call whose isolation differs from the spare's in more than the workspace (another
+directory of the same parent) gets a child forked for it, and the spare is dropped.
+
+Protocol, over SOCK_SEQPACKET sockets, one JSON object a message:
 
 - control socket FD, worker to zygote: a request (`encode`), with four descriptors: the call's
   stdin, stdout and stderr, and a socket of its own for the call;
 - zygote to worker, once, after the import: `{"threads": N}` (more than 1: it cannot fork
   safely and exits);
-- call socket, zygote to worker: `{"pid": P}` once forked, `{"returncode": R}` once it exited;
-  the zygote reaps it only when the worker closes the call socket, after killing its process
-  group: until then the group id cannot be reused. A call socket closed before the child
-  exited (the worker died) kills the child's group first.
+- call socket, zygote to worker: `{"pid": P}` once the call has a process, `{"returncode": R}`
+  once that exited. The zygote reaps it only when the worker closes the call socket, after
+  killing its process group: until then the group id cannot be reused. A call socket closed
+  before the process exited (the worker died) kills the process group first.
 
 The zygote exits when the control socket closes (the worker retired it or died) and its calls
-have ended, or after IDLE_S without calls.
+have ended, or after IDLE_S without calls. Its children die with it (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import selectors
@@ -38,13 +45,13 @@ import socket
 import sys
 import traceback
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
 from cortex_worker.sandbox import runner
-from cortex_worker.sandbox.isolation import FAILED, Isolation, fail
-from cortex_worker.sandbox.process import Rlimits, preexec
+from cortex_worker.sandbox.isolation import FAILED, Isolation, fail, plan
+from cortex_worker.sandbox.process import Rlimits, set_rlimits
 
 IDLE_S = 600.0
 """A zygote without calls for this long exits (the worker starts another when needed)."""
@@ -52,38 +59,59 @@ MAX_MESSAGE = 1 << 20
 PR_SET_PDEATHSIG = 1
 
 
-def encode(cwd: Path, env: Mapping[str, str], rlimits: Rlimits,
-           isolation: Isolation | None) -> bytes:
-    """A call request: where it runs, its whole environment, its rlimits and namespaces."""
-    iso = None if isolation is None else {
-        **asdict(isolation), "writable": str(isolation.writable),
-        "hide": None if isolation.hide is None else str(isolation.hide),
-        "readable": [str(p) for p in isolation.readable]}
-    return json.dumps({"cwd": str(cwd), "env": dict(env), "rlimits": rlimits,
-                       "isolation": iso}).encode()
+@dataclass(frozen=True)
+class Request:
+    """One call: the function, where it runs, its whole environment, rlimits and namespaces."""
+
+    entrypoint: str
+    cwd: Path
+    env: Mapping[str, str]
+    rlimits: Rlimits
+    isolation: Isolation | None
 
 
-def decode(data: bytes) -> tuple[str, dict[str, str], Rlimits, Isolation | None]:
+def encode(request: Request) -> bytes:
+    """The request as the zygote reads it."""
+    iso = request.isolation
+    fields = None if iso is None else {
+        **asdict(iso), "writable": str(iso.writable),
+        "hide": None if iso.hide is None else str(iso.hide),
+        "readable": [str(p) for p in iso.readable]}
+    return json.dumps({"entrypoint": request.entrypoint, "cwd": str(request.cwd),
+                       "env": dict(request.env), "rlimits": request.rlimits,
+                       "isolation": fields}).encode()
+
+
+def decode(data: bytes) -> Request:
     """The request `encode` made."""
-    request = json.loads(data)
-    iso = request["isolation"]
+    raw = json.loads(data)
+    iso = raw["isolation"]
     isolation = None if iso is None else Isolation(
         writable=Path(iso["writable"]), hide=None if iso["hide"] is None else Path(iso["hide"]),
         readable=tuple(Path(p) for p in iso["readable"]), network=iso["network"],
         user=None if iso["user"] is None else (iso["user"][0], iso["user"][1]))
-    rlimits = [(which, (soft, hard)) for which, (soft, hard) in request["rlimits"]]
-    return request["cwd"], request["env"], rlimits, isolation
+    return Request(entrypoint=raw["entrypoint"], cwd=Path(raw["cwd"]), env=raw["env"],
+                   rlimits=[(which, (soft, hard)) for which, (soft, hard) in raw["rlimits"]],
+                   isolation=isolation)
+
+
+def fits(spare: Isolation | None, call: Isolation | None) -> bool:
+    """Whether a spare set up for `spare` can serve a call isolated as `call`: the same but
+    for the workspace, which must be a directory of the same parent."""
+    if spare is None or call is None:
+        return spare is call
+    return (replace(call, writable=spare.writable) == spare
+            and call.writable.resolve().parent == spare.writable.resolve().parent)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Import the tool's module, say how many threads that left, then serve calls."""
     argv = sys.argv[1:] if argv is None else argv
     control = socket.socket(fileno=int(argv[0]))
-    entrypoint = argv[1]
     home = os.getcwd()  # a directory of its own, for what the import may write
     # on failure each call imports it again, in its sandbox, and reports the error as usual
     with contextlib.suppress(Exception, SystemExit):
-        runner.load(entrypoint)
+        importlib.import_module(argv[1])
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # what the import printed is not repeated in every call's output
     os.chdir("/")
@@ -91,33 +119,43 @@ def main(argv: list[str] | None = None) -> int:
     threads = len(os.listdir("/proc/self/task"))
     control.send(json.dumps({"threads": threads}).encode())
     if threads == 1:
-        _Server(control, entrypoint).serve()
+        _Server(control).serve()
     return 0
 
 
-class _Server:
-    """The zygote's loop: fork calls, report their exits, reap them when the worker is done."""
+@dataclass
+class _Spare:
+    pid: int
+    sock: socket.socket
+    isolation: Isolation | None
 
-    def __init__(self, control: socket.socket, entrypoint: str) -> None:
-        self.entrypoint = entrypoint
+
+class _Server:
+    """The zygote's loop: hand calls to spares, report their exits, reap them when done."""
+
+    def __init__(self, control: socket.socket) -> None:
         self.sel = selectors.DefaultSelector()
         self.sel.register(control, selectors.EVENT_READ, ("request", 0))
         self.open = True
         self.calls: dict[int, tuple[socket.socket, int | None]] = {}  # pid: call socket, pidfd
+        self.spare: _Spare | None = None
 
     def serve(self) -> None:
-        while self.open or self.calls:
-            events = self.sel.select(None if self.calls else IDLE_S)
-            if not events and not self.calls:
-                return
-            for key, _ in events:
-                what, pid = key.data
-                if what == "request":
-                    self._request(key.fileobj)  # type: ignore[arg-type]
-                elif what == "exit":
-                    self._exited(pid)
-                else:
-                    self._done(pid)
+        try:
+            while self.open or self.calls:
+                events = self.sel.select(None if self.calls else IDLE_S)
+                if not events and not self.calls:
+                    return
+                for key, _ in events:
+                    what, pid = key.data
+                    if what == "request":
+                        self._request(key.fileobj)  # type: ignore[arg-type]
+                    elif what == "exit":
+                        self._exited(pid)
+                    else:
+                        self._done(pid)
+        finally:
+            self._drop_spare()
 
     def _request(self, control: socket.socket) -> None:
         try:
@@ -133,24 +171,55 @@ class _Server:
                 self.open = False
             return
         call = socket.socket(fileno=fds[3])
+        isolation = decode(data).isolation
+        try:
+            spare = self._spare_for(isolation, stderr=fds[2])
+            socket.send_fds(spare.sock, [data], fds[:3])
+        except OSError as exc:
+            _send(call, {"error": f"cannot start the tool process: {exc}"})
+            call.close()
+            return
+        finally:
+            for fd in fds[:3]:
+                os.close(fd)
+        spare.sock.close()
+        self.calls[spare.pid] = (call, os.pidfd_open(spare.pid))
+        self.sel.register(self.calls[spare.pid][1], selectors.EVENT_READ, ("exit", spare.pid))
+        self.sel.register(call, selectors.EVENT_READ, ("done", spare.pid))
+        _send(call, {"pid": spare.pid})
+        with contextlib.suppress(OSError):  # without one, the next call forks its own
+            self.spare = self._fork(isolation, stderr=None)
+
+    def _spare_for(self, isolation: Isolation | None, stderr: int) -> _Spare:
+        """The waiting spare if it can serve this call, else a child forked for it (whose
+        set-up errors then go to the call's stderr)."""
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            alive = os.waitpid(spare.pid, os.WNOHANG) == (0, 0)  # a failed set-up ended it
+            if alive and fits(spare.isolation, isolation):
+                return spare
+            _drop(spare, reaped=not alive)
+        return self._fork(isolation, stderr)
+
+    def _fork(self, isolation: Isolation | None, stderr: int | None) -> _Spare:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         zygote = os.getpid()
         try:
             pid = os.fork()
-        except OSError as exc:
-            for fd in fds[:3]:
-                os.close(fd)
-            _send(call, {"error": f"cannot fork the tool process: {exc}"})
-            call.close()
-            return
+        except OSError:
+            ours.close()
+            theirs.close()
+            raise
         if pid == 0:
-            _child(self.entrypoint, data, zygote, *fds[:3])
-        for fd in fds[:3]:
-            os.close(fd)
-        pidfd = os.pidfd_open(pid)
-        self.calls[pid] = (call, pidfd)
-        self.sel.register(pidfd, selectors.EVENT_READ, ("exit", pid))
-        self.sel.register(call, selectors.EVENT_READ, ("done", pid))
-        _send(call, {"pid": pid})
+            _child(isolation, theirs, zygote, stderr)
+        os.setpgid(pid, pid)  # the child does it too: whichever runs first, the group exists now
+        theirs.close()
+        return _Spare(pid, ours, isolation)
+
+    def _drop_spare(self) -> None:
+        if self.spare is not None:
+            _drop(self.spare, reaped=False)
+            self.spare = None
 
     def _exited(self, pid: int) -> None:
         call, pidfd = self.calls[pid]
@@ -174,29 +243,59 @@ class _Server:
         os.waitpid(pid, 0)
 
 
+def _drop(spare: _Spare, *, reaped: bool) -> None:
+    spare.sock.close()
+    if not reaped:
+        os.killpg(spare.pid, signal.SIGKILL)  # not reaped yet: the group id is still its own
+        os.waitpid(spare.pid, 0)
+
+
 def _send(call: socket.socket, message: dict[str, Any]) -> None:
     with contextlib.suppress(OSError):  # the worker went away: the loop sees the socket end
         call.send(json.dumps(message).encode())
 
 
-def _child(entrypoint: str, request: bytes, zygote: int, stdin: int, stdout: int,
-           stderr: int) -> NoReturn:
-    """One call, in the forked child: set up as `run_sandboxed` sets up a process, then run."""
-    try:
-        for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+def _child(isolation: Isolation | None, sock: socket.socket, zygote: int,
+           stderr: int | None) -> NoReturn:
+    """A spare, in the forked child: set up as `run_sandboxed` sets a process up, the
+    workspace and the call's descriptors last, then run the call."""
+    received: list[Request] = []
+
+    def receive() -> Path:
+        """Wait for the call (in the tool process, the sandbox set up but for the workspace)."""
+        data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 3)
+        if not data or len(fds) != 3:
+            os._exit(0)  # dropped by the zygote
+        for fd, target in zip(fds, (0, 1, 2), strict=True):
             os.dup2(fd, target)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the control socket above all
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the zygote
+        received.append(decode(data))
+        iso = received[0].isolation
+        return received[0].cwd if iso is None else iso.writable
+
+    try:
+        if stderr is not None:
+            os.dup2(stderr, 2)  # set-up errors before the call arrives are the call's
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != zygote:
             os._exit(FAILED)  # it died already
-        cwd, env, limits, isolation = decode(request)
-        os.chdir(cwd)
-        os.setsid()
+        os.setpgid(0, 0)  # its own process group, which the worker kills (the zygote has no tty)
+        if isolation is None:
+            receive()
+        else:
+            plan(isolation, workspace=receive)()  # returns in the tool process only
+        request = received[0]
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the zygote's sockets above all
+        os.chdir(request.cwd)
         os.environ.clear()
-        os.environ.update(env)
-        preexec(limits, isolation)()  # returns in the tool process only
+        os.environ.update(request.env)
+        set_rlimits(request.rlimits)
     except Exception as exc:  # reported as isolation.py reports its own
         fail(f"cannot start the tool in the sandbox: {exc}")
+    _run(request.entrypoint)
+
+
+def _run(entrypoint: str) -> NoReturn:
+    """`python -m cortex_worker.sandbox.runner entrypoint`, in this process."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the relay reset it
     sys.argv = [runner.__file__, entrypoint]
     status = 1

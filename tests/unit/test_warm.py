@@ -1,0 +1,234 @@
+"""Warm runners (cortex_worker.sandbox.warm, zygote): python tools forked from a zygote keep
+every guarantee of the cold sandbox. Real processes and namespaces throughout; the isolated
+cases are skipped where the kernel refuses namespaces (CI runs as root, where they work)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cortex_worker.sandbox import isolation, warm
+from cortex_worker.sandbox.isolation import Isolation, interpreter_paths
+from cortex_worker.sandbox.process import (
+    SandboxError,
+    SandboxResult,
+    kill_all,
+    live_groups,
+    sandbox_env,
+)
+from cortex_worker.sandbox.runner import parse_last_line
+from cortex_worker.sandbox.warm import RUNNER, run_warm
+from cortex_worker.tools.spec import Limits
+
+pytestmark = pytest.mark.unit
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+NOBODY = isolation.sandbox_user("nobody")
+ENV = {"PYTHONPATH": f"{HERE}{os.pathsep}{REPO_ROOT}", "PYTHONDONTWRITEBYTECODE": "1",
+       "PYTHONIOENCODING": "utf-8"}
+needs_namespaces = pytest.mark.skipif(
+    isolation.unavailable_reason() is not None,
+    reason=f"namespaces unavailable here: {isolation.unavailable_reason()}")
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    """A workspace root with two jobs' workspaces, open to the sandbox user."""
+    base = Path(tempfile.mkdtemp(prefix="cortex-warm-"))  # pytest's own is closed (0700)
+    base.chmod(0o755)
+    for job in ("job-a", "job-b"):
+        (base / job).mkdir()
+        if NOBODY is not None:
+            os.chown(base / job, *NOBODY)
+    (base / "job-b" / "secret.txt").write_text("job b's file")
+    yield base
+    shutil.rmtree(base)
+
+
+def iso(root: Path, job: str = "job-a", **options: Any) -> Isolation:
+    return Isolation(writable=root / job, hide=root, user=NOBODY,
+                     readable=(*interpreter_paths(), HERE, REPO_ROOT), **options)
+
+
+def run(function: str, params: dict[str, Any] | None = None, *, cwd: Path,
+        isolation: Isolation | None, timeout: float = 20, limits: Limits | None = None,
+        env: dict[str, str] | None = None) -> SandboxResult:
+    argv = [sys.executable, "-P", "-s", "-m", RUNNER, f"warm_tools:{function}"]
+    return run_warm(argv, stdin=json.dumps(params or {}).encode(), cwd=cwd, timeout=timeout,
+                    limits=limits, env={**ENV, **(env or {})}, isolation=isolation)
+
+
+def result(res: SandboxResult) -> Any:
+    line = parse_last_line(res.stdout)
+    assert line is not None and line["ok"], (res, res.stderr.decode())
+    return line["result"]
+
+
+def call(function: str, params: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+    return result(run(function, params, **kwargs))
+
+
+def gone(pid: int, within: float = 3.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+# ---------------------------------------------------------------- warm, and isolated per call
+
+
+@needs_namespaces
+def test_each_warm_call_gets_its_own_namespaces_user_and_processes(root: Path) -> None:
+    first = call("whoami", cwd=root / "job-a", isolation=iso(root))
+    second = call("whoami", cwd=root / "job-a", isolation=iso(root))
+    assert first["imported_in"] == second["imported_in"] != first["pid"]  # one zygote, warm
+    mine = {ns: os.readlink(f"/proc/self/ns/{ns}") for ns in first["namespaces"]}
+    for ns, link in first["namespaces"].items():
+        assert link != mine[ns] and link != second["namespaces"][ns], ns  # fresh per call
+    assert (first["pid"], first["ppid"], first["pids"]) == (2, 1, ["1", "2"])  # init and itself
+    assert first["uid"] == (NOBODY[0] if NOBODY else os.geteuid())
+    assert first["cwd"] == str(root / "job-a")
+
+
+def test_a_call_that_changes_module_globals_does_not_change_the_next(root: Path) -> None:
+    for isolated in (None, *([iso(root)] if isolation.unavailable_reason() is None else [])):
+        assert [call("remember", {"value": i}, cwd=root / "job-a", isolation=isolated)
+                for i in range(3)] == [1, 1, 1]
+
+
+@needs_namespaces
+def test_only_the_calls_workspace_is_writable_and_other_jobs_are_hidden(root: Path,
+                                                                         tmp_path: Path) -> None:
+    outside = [str(tmp_path / "escape"), "/etc/cortex-warm", "/tmp/cortex-warm",
+               "/dev/shm/cortex-warm"]
+    for job, other in (("job-a", "job-b"), ("job-b", "job-a")):  # job-b: the spare of job-a
+        mine = str(root / job / "mine.txt")
+        wrote = call("write", {"paths": [*outside, str(root / other / "x"), mine]}, cwd=root / job,
+                     isolation=iso(root, job))
+        assert wrote.pop(mine) == "wrote" and (root / job / "mine.txt").read_text() == "x"
+        assert set(wrote.values()) <= {"Read-only file system", "Permission denied",
+                                       "No such file or directory"}, wrote
+        assert call("listdir", {"path": str(root)}, cwd=root / job,
+                    isolation=iso(root, job)) == [job]
+    assert not (tmp_path / "escape").exists() and not Path("/tmp/cortex-warm").exists()
+
+
+def test_the_environment_is_the_calls_own(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORTEX_WARM_SECRET", "hunter2")
+    env = call("whoami", cwd=root / "job-a", isolation=None, env={"EXTRA": "yes"})["env"]
+    assert env == sandbox_env(root / "job-a", {**ENV, "EXTRA": "yes"})
+
+
+@needs_namespaces
+def test_rlimits_apply_and_a_breach_retires_the_zygote(root: Path) -> None:
+    limits = Limits(cpu_seconds=1, memory_mb=300, processes=12, file_mb=3)
+    text = call("limits", cwd=root / "job-a", isolation=iso(root), limits=limits)
+    rows = {line[:26].strip(): line[26:].split() for line in text.splitlines()[1:]}
+    assert rows["Max cpu time"][:2] == ["1", "2"]
+    assert rows["Max address space"][:2] == [str(300 * 2**20)] * 2
+    assert rows["Max processes"][:2] == ["12", "12"]
+    assert rows["Max file size"][:2] == [str(3 * 2**20)] * 2
+    assert rows["Max core file size"][:2] == ["0", "0"]
+    before = call("whoami", cwd=root / "job-a", isolation=iso(root))["imported_in"]
+    spun = run("spin", cwd=root / "job-a", isolation=iso(root), limits=limits)
+    assert spun.killed_by == "cpu_limit" and not spun.timed_out
+    after = call("whoami", cwd=root / "job-a", isolation=iso(root))["imported_in"]
+    assert after != before and gone(before)
+
+
+# ---------------------------------------------------------------- killing
+
+
+@pytest.mark.parametrize("isolated", [False, pytest.param(True, marks=needs_namespaces)])
+def test_a_timeout_kills_the_call_and_everything_it_started(root: Path, isolated: bool) -> None:
+    marker = f"cortex-warm-{os.getpid()}-{time.monotonic_ns()}"
+    started = time.monotonic()
+    # in namespaces even a child that left the call's session dies (its PID namespace ends)
+    res = run("linger", {"marker": marker, "setsid": isolated}, cwd=root / "job-a",
+              isolation=iso(root) if isolated else None, timeout=1.5)
+    assert res.timed_out and res.killed_by == "timeout" and time.monotonic() - started < 5
+    survivors = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, marker)]
+    deadline = time.monotonic() + 3
+    while survivors and time.monotonic() < deadline:
+        time.sleep(0.05)
+        survivors = [p for p in survivors if not gone(int(p), 0)]
+    assert survivors == []
+    assert live_groups() == frozenset()
+
+
+def _cmdline_has(pid: str, marker: str) -> bool:
+    try:
+        return marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def test_kill_all_stops_warm_calls(root: Path) -> None:
+    results: list[SandboxResult] = []
+    thread = threading.Thread(target=lambda: results.append(
+        run("linger", {"marker": "kill-all"}, cwd=root / "job-a", isolation=None)))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not live_groups() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert kill_all() == 1
+    thread.join(10)
+    assert results and results[0].killed_by == "shutdown"
+
+
+# ---------------------------------------------------------------- zygotes come and go
+
+
+def test_a_zygote_is_recycled_after_n_calls(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(warm, "RECYCLE_AFTER", 2)
+    env = {"WARM_TOOLS_CASE": "recycle"}  # a zygote of its own
+    seen = [call("whoami", cwd=root / "job-a", isolation=None, env=env)["imported_in"]
+            for _ in range(3)]
+    assert seen[0] == seen[1] != seen[2]
+
+
+def test_a_dead_zygote_is_replaced(root: Path) -> None:
+    env = {"WARM_TOOLS_CASE": "crash"}
+    first = call("whoami", cwd=root / "job-a", isolation=None, env=env)
+    assert first["ppid"] == first["imported_in"]  # forked by the zygote, without namespaces
+    os.kill(first["imported_in"], signal.SIGKILL)
+    assert gone(first["imported_in"])
+    second = call("whoami", cwd=root / "job-a", isolation=None, env=env)
+    assert second["imported_in"] not in (first["imported_in"], second["pid"])
+
+
+def test_a_module_that_starts_threads_when_imported_runs_cold(root: Path) -> None:
+    env = {"WARM_TOOLS_THREAD": "1"}
+    for _ in range(2):
+        who = call("whoami", cwd=root / "job-a", isolation=None, env=env)
+        assert who["imported_in"] == who["pid"]  # imported by the call's own interpreter
+    assert any("starts threads" in reason for reason in warm._cold.values())
+
+
+@needs_namespaces
+def test_a_set_up_failure_is_a_sandbox_error(root: Path) -> None:
+    not_a_directory = root / "job-b" / "secret.txt"
+    with pytest.raises(SandboxError, match="cannot set up the filesystem"):
+        run("whoami", cwd=root / "job-a", isolation=Isolation(
+            writable=root / "job-a", hide=not_a_directory, user=NOBODY,
+            readable=(*interpreter_paths(), HERE, REPO_ROOT)))
+    assert call("whoami", cwd=root / "job-a", isolation=iso(root))["cwd"] == str(root / "job-a")
