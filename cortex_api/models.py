@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -176,33 +178,35 @@ class ActionView(BaseModel):
 
 
 class JobSummary(BaseModel):
-    """A job as listed. Times are Unix seconds."""
+    """A job as listed: enough for a dashboard row. Times are Unix seconds."""
 
     id: str
     status: str
+    kind: str | None = Field(default=None, description="`document`, `agent` or `workflow`")
+    agent: str | None = None
     created_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None
+    counts: dict[str, int] = Field(default_factory=dict,
+                                   description="actions per status, and `total`")
 
     @classmethod
     def _fields(cls, job: JobRecord) -> dict[str, Any]:
-        return {"id": job.id, "status": job.status, "created_at": job.created_at or None,
-                "started_at": job.started_at, "finished_at": job.finished_at,
-                "error": job.error or None}
+        return {"id": job.id, "status": job.status, "kind": job.kind, "agent": job.agent,
+                "created_at": job.created_at or None, "started_at": job.started_at,
+                "finished_at": job.finished_at, "error": job.error or None}
 
     @classmethod
-    def from_store(cls, job: JobRecord) -> JobSummary:
-        """Build from the job hash (`Store.get_job`)."""
-        return cls(**cls._fields(job))
+    def from_store(cls, job: JobRecord, statuses: Iterable[str] = ()) -> JobSummary:
+        """Build from the job hash (`Store.peek`) and its actions' statuses."""
+        return cls(**cls._fields(job), counts=action_counts(statuses))
 
 
 class JobView(JobSummary):
     """A job with its actions, in document order, and how many are in each status."""
 
     result: str | None = Field(default=None, description="The rendered final response.")
-    kind: str | None = Field(default=None, description="`document`, `agent` or `workflow`")
-    agent: str | None = None
     turns: int | None = Field(default=None, description="agent jobs: turns run")
     parent_job: str | None = Field(default=None, description="the job whose action started this one")
     parent_action: str | None = None
@@ -211,8 +215,6 @@ class JobView(JobSummary):
         default=None, description="when the job last logged an event (Unix seconds): a job "
         "that is running and has not moved for long is one the reconciler looks at")
     actions: list[ActionView] = Field(default_factory=list)
-    counts: dict[str, int] = Field(default_factory=dict,
-                                   description="actions per status, and `total`")
 
     @classmethod
     def from_store(cls, job: JobRecord,
@@ -220,12 +222,9 @@ class JobView(JobSummary):
         """Build from `Store.get_job` and `Store.actions`."""
         entries = sorted((actions or {}).items(), key=lambda kv: _document_order(*kv))
         views = [ActionView.from_store(action_id, entry) for action_id, entry in entries]
-        counts: dict[str, int] = {}
-        for view in views:
-            counts[view.status] = counts.get(view.status, 0) + 1
-        counts["total"] = len(views)
-        return cls(**cls._fields(job), result=job.result or None, actions=views, counts=counts,
-                   turns=job.turns, kind=job.kind, agent=job.agent, parent_job=job.parent_job,
+        return cls(**cls._fields(job), result=job.result or None, actions=views,
+                   counts=action_counts(view.status for view in views),
+                   turns=job.turns, parent_job=job.parent_job,
                    parent_action=job.parent_action, session=job.session,
                    last_progress_at=job.progress_at)
 
@@ -252,6 +251,13 @@ class Readiness(BaseModel):
     required: list[str] = Field(default_factory=list)
     missing: list[str] = Field(default_factory=list, description="required pools with no worker")
     error: str | None = None
+
+
+def action_counts(statuses: Iterable[str]) -> dict[str, int]:
+    """Actions per status, and `total`."""
+    counts = dict(Counter(statuses))
+    counts["total"] = sum(counts.values())
+    return counts
 
 
 def _time(value: Any) -> float | None:

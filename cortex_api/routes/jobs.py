@@ -30,11 +30,13 @@ from cortex_worker.jobs import (
     submit_document,
     submit_workflow,
 )
+from cortex_worker.keys import job_keys
+from cortex_worker.record import JobRecord
 from cortex_worker.store import Store
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-SUMMARY_FIELDS = ("status", "created_at", "started_at", "finished_at", "error")
+SUMMARY_FIELDS = ("status", "kind", "agent", "created_at", "started_at", "finished_at", "error")
 SCAN_BATCH = 200
 MAX_SCAN = 5000
 
@@ -68,12 +70,14 @@ def list_jobs(
     store: StoreDep,
     caller: CallerDep,
     status: Annotated[JobStatus | None, Query(description="only jobs in this status")] = None,
+    agent: Annotated[str | None, Query(description="only jobs of this agent")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Annotated[int, Query(ge=0, description="position in the job index, newest first; "
                                                     "pass `next_offset` to page")] = 0,
 ) -> JobList:
-    """The caller's jobs, newest first; with `status`, only those in it."""
-    items, next_offset = _page(store, status, limit, offset, caller.index)
+    """The caller's jobs, newest first; with `status` or `agent`, only those that match.
+    Each with its kind, agent and action counts."""
+    items, next_offset = _page(store, status, agent, limit, offset, caller.index)
     return JobList(items=items, limit=limit, offset=offset, next_offset=next_offset)
 
 
@@ -167,23 +171,34 @@ def _links(request: Request, job_id: str) -> JobLinks:
     return JobLinks.for_job(job_id)
 
 
-def _page(store: Store, status: JobStatus | None, limit: int, offset: int,
+def _page(store: Store, status: JobStatus | None, agent: str | None, limit: int, offset: int,
           tenant: str | None = None) -> tuple[list[JobSummary], int | None]:
     """Walk the job index (`tenant`'s, or the global one) from `offset`; expired jobs are
     skipped. Returns items, next offset."""
-    items: list[JobSummary] = []
+    found: list[JobRecord] = []
     position = offset
-    while len(items) < limit and position - offset < MAX_SCAN:
-        batch = limit - len(items) if status is None else SCAN_BATCH
+    more = True
+    while more and len(found) < limit and position - offset < MAX_SCAN:
+        batch = limit - len(found) if status is None and agent is None else SCAN_BATCH
         ids = store.list_jobs(limit=batch, offset=position, tenant=tenant)
-        if not ids:
-            return items, None
+        more = bool(ids)
         for job in store.peek_many(ids, *SUMMARY_FIELDS):
             position += 1
-            if job is None or (status is not None and job.status != status.value):
+            if job is None or (status is not None and job.status != status.value) \
+                    or (agent is not None and job.agent != agent):
                 continue
-            items.append(JobSummary.from_store(job))
-            if len(items) == limit:
+            found.append(job)
+            if len(found) == limit:
                 break
-    more = bool(store.list_jobs(limit=1, offset=position, tenant=tenant))
+    more = more and bool(store.list_jobs(limit=1, offset=position, tenant=tenant))
+    items = [JobSummary.from_store(job, statuses)
+             for job, statuses in zip(found, _action_statuses(store, found), strict=True)]
     return items, position if more else None
+
+
+def _action_statuses(store: Store, jobs: list[JobRecord]) -> list[list[str]]:
+    """Each job's action statuses, for a page's counts: one round trip for the page."""
+    pipe = store.redis.pipeline(transaction=False)
+    for job in jobs:
+        pipe.hvals(job_keys(job.id).status)
+    return pipe.execute()
