@@ -1,13 +1,20 @@
-"""What isolating a tool costs: sandboxed runs with and without namespaces.
+"""What isolating a tool costs: sandboxed runs with and without namespaces, cold and warm.
 
-Usage: python bench/sandbox.py [--runs N]
+Usage: python bench/sandbox.py [--runs N] [--gap-ms MS]
 
 Times `run_sandboxed` (cortex_worker/sandbox/process.py) for `true` and for `python -c pass`,
 first as a plain sandbox (process group, rlimits, clean environment), then in namespaces
 (cortex_worker/sandbox/isolation.py) with and without a network namespace, as the sandbox
-user when the bench runs as root. Each variant runs N times (default 30) after one warm-up;
-the median and p90 wall times are printed, and the median overhead over the plain sandbox.
-This is a measurement, not a test.
+user when the bench runs as root. Then the cost a python tool call adds: a function that does
+nothing, called through the python runner started cold (`run_sandboxed`: a new interpreter
+per call) and warm (`run_warm`: forked from a zygote that imported the module,
+cortex_worker/sandbox/warm.py), without namespaces and in them. Two modules: `os:getpid`
+(stdlib only) and a `@tool` function (its zygote holds pydantic, a larger process to fork).
+Each variant runs N times (default 30) after one warm-up (which starts the zygote); the median
+and p90 wall times are printed. Tool calls come back to back, or MS apart (`--gap-ms`, as an
+agent's calls are apart by a model turn): a warm runner sets the next call's sandbox up as
+soon as it hands one out, and a call that comes sooner waits for that set-up to finish. The function's own work is microseconds, so a call's wall time
+is what the sandbox adds to it. This is a measurement, not a test.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -26,26 +34,68 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import print_header
 from cortex_worker.sandbox import isolation
 from cortex_worker.sandbox.isolation import Isolation, interpreter_paths
-from cortex_worker.sandbox.process import run_sandboxed
+from cortex_worker.sandbox.process import SandboxResult, run_sandboxed
+from cortex_worker.sandbox.runner import parse_last_line
+from cortex_worker.sandbox.warm import RUNNER, run_warm
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TOOL_MODULE = """from cortex_worker.tools.function import tool
 
 
-def timed(argv: list[str], workspace: Path, iso: Isolation | None, runs: int) -> list[float]:
+@tool
+def noop() -> None:
+    \"\"\"Does nothing.\"\"\"
+"""
+
+
+def timed(argv: list[str], workspace: Path, iso: Isolation | None, runs: int,
+          run: Callable[..., SandboxResult] = run_sandboxed,
+          env: dict[str, str] | None = None, gap_s: float = 0) -> list[float]:
     """Wall times (ms) of `runs` sandboxed runs of `argv`, after one warm-up."""
     times = []
     for i in range(runs + 1):
+        time.sleep(gap_s)
         started = time.perf_counter()
-        result = run_sandboxed(argv, cwd=workspace, timeout=30, isolation=iso)
+        result = run(argv, cwd=workspace, timeout=30, isolation=iso, env=env,
+                     stdin=b"{}" if env else None)
         elapsed = (time.perf_counter() - started) * 1000
-        if result.returncode != 0:
-            raise SystemExit(f"{argv} failed ({result.returncode}): {result.stderr.decode()}")
+        if result.returncode != 0 or (env and not (parse_last_line(result.stdout) or {}).get("ok")):
+            raise SystemExit(f"{argv} failed ({result.returncode}): {result.stdout.decode()} "
+                             f"{result.stderr.decode()}")
         if i:
             times.append(elapsed)
     return times
 
 
+def tool_calls(root: Path, workspace: Path, user: tuple[int, int] | None, runs: int,
+               gap_s: float) -> None:
+    """Per-call cost of a python tool that does nothing: cold and warm runner, with and
+    without namespaces."""
+    modules = root / "modules"
+    modules.mkdir(mode=0o755)
+    (modules / "benchtools.py").write_text(TOOL_MODULE)
+    paths = (modules, REPO_ROOT)
+    env = {"PYTHONPATH": os.pathsep.join(map(str, paths)), "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONIOENCODING": "utf-8"}
+    iso = Isolation(writable=workspace, hide=root, readable=(*interpreter_paths(), *paths),
+                    user=user)
+    print(f"\npython tool call (a function that does nothing), {gap_s * 1000:g} ms apart: "
+          "cold runner vs warm runner")
+    for entrypoint in ("os:getpid", "benchtools:noop"):
+        argv = [sys.executable, "-P", "-s", "-m", RUNNER, entrypoint]
+        for label, variant in (("no namespaces", None), ("namespaces, no network", iso)):
+            row = []
+            for run in (run_sandboxed, run_warm):
+                times = timed(argv, workspace, variant, runs, run, env, gap_s)
+                row.append(f"median {statistics.median(times):6.1f} ms  p90 "
+                           f"{statistics.quantiles(times, n=10)[-1]:6.1f} ms")
+            print(f"  {entrypoint:<16} {label:<24} cold: {row[0]}   warm: {row[1]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--gap-ms", type=float, default=0)
     args = parser.parse_args()
     print_header(f"kernel {platform.release()}")
     reason = isolation.unavailable_reason()
@@ -77,6 +127,7 @@ def main() -> None:
                 base = median if base is None else base
                 extra = "" if iso is None else f"   +{median - base:.1f} ms"
                 print(f"  {name:<26} median {median:7.1f} ms   p90 {p90:7.1f} ms{extra}")
+        tool_calls(root, workspace, user, args.runs, args.gap_ms / 1000)
     finally:
         for path in sorted(root.rglob("*"), reverse=True):
             path.unlink() if path.is_file() else path.rmdir()
