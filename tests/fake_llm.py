@@ -6,6 +6,7 @@
         ...
         llm.requests("m")      # the JSON bodies received, in order, each with `received_at`
         llm.stream_log("m")    # per request: [(monotonic time, text chars sent so far), ...]
+        llm.token_times("m")   # per request: when each token (text or tool-call piece) was sent
         llm.outcomes("m")      # per request: "complete", "client_disconnected", "dropped", ...
 
 Each request for a model pops that model's next `Turn`; a request with none left gets a 400
@@ -75,6 +76,7 @@ class FakeLLM:
         self._requests: dict[str, list[dict[str, Any]]] = {}
         self._headers: dict[str, list[dict[str, str]]] = {}
         self._logs: dict[str, list[list[tuple[float, int]]]] = {}
+        self._ticks: dict[str, list[list[float]]] = {}
         self._outcomes: dict[str, list[str]] = {}
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -141,6 +143,12 @@ class FakeLLM:
         with self._lock:
             return [list(log) for log in self._logs.get(model, [])]
 
+    def token_times(self, model: str) -> list[list[float]]:
+        """Per streamed request: when each token was written, text chunks and tool-call
+        fragments alike (a call's first fragment, with its id and name, is one token)."""
+        with self._lock:
+            return [list(ticks) for ticks in self._ticks.get(model, [])]
+
     def outcomes(self, model: str) -> list[str]:
         """Per request: `complete`, `failed` (fail_status), `dropped` (fail_after_chars),
         `client_disconnected`, `no_turn`, or `streaming` while still in progress."""
@@ -155,6 +163,7 @@ class FakeLLM:
             requests.append({**body, "received_at": time.monotonic()})
             self._headers.setdefault(model, []).append(headers)
             self._logs.setdefault(model, []).append([])
+            self._ticks.setdefault(model, []).append([])
             self._outcomes.setdefault(model, []).append("streaming")
             turns = self._turns.get(model)
             return len(requests) - 1, (turns.pop(0) if turns else None)
@@ -162,6 +171,10 @@ class FakeLLM:
     def _log(self, model: str, index: int, chars: int) -> None:
         with self._lock:
             self._logs[model][index].append((time.monotonic(), chars))
+
+    def _tick(self, model: str, index: int) -> None:
+        with self._lock:
+            self._ticks[model][index].append(time.monotonic())
 
     def _outcome(self, model: str, index: int, outcome: str) -> None:
         with self._lock:
@@ -322,6 +335,7 @@ class _Handler(BaseHTTPRequestHandler):
             nonlocal tick
             fake._wait(start + tick * interval - time.monotonic())
             tick += 1
+            fake._tick(model, index)
 
         size = max(1, turn.chunk_chars)
         limit = turn.fail_after_chars
