@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -107,6 +108,7 @@ def test_each_warm_call_gets_its_own_namespaces_user_and_processes(root: Path) -
     assert (first["pid"], first["ppid"], first["pids"]) == (2, 1, ["1", "2"])  # init and itself
     assert first["uid"] == (NOBODY[0] if NOBODY else os.geteuid())
     assert first["cwd"] == str(root / "job-a")
+    assert first["fds"] == [0, 1, 2, 3]  # its pipes, and the one listing /proc/self/fd
 
 
 def test_a_call_that_changes_module_globals_does_not_change_the_next(root: Path) -> None:
@@ -180,6 +182,30 @@ def _cmdline_has(pid: str, marker: str) -> bool:
         return marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+
+
+WORKER = """
+import json, sys
+from pathlib import Path
+from cortex_worker.sandbox.warm import RUNNER, run_warm
+run_warm([sys.executable, "-P", "-s", "-m", RUNNER, "warm_tools:linger"], cwd=Path(sys.argv[1]),
+         stdin=json.dumps({"marker": sys.argv[2]}).encode(), timeout=60, env=json.loads(sys.argv[3]))
+"""
+
+
+def test_a_call_dies_with_the_worker_that_made_it(root: Path) -> None:
+    marker = f"cortex-warm-worker-{os.getpid()}-{time.monotonic_ns()}"
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(root / "job-a"), marker,
+                               json.dumps(ENV)], cwd=REPO_ROOT)
+    try:
+        deadline = time.monotonic() + 20
+        while not (root / "job-a" / "pids").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        tool, child = map(int, (root / "job-a" / "pids").read_text().split())
+    finally:
+        worker.kill()
+        worker.wait()
+    assert gone(tool) and gone(child)  # the zygote killed the call's group
 
 
 def test_kill_all_stops_warm_calls(root: Path) -> None:

@@ -25,6 +25,7 @@ def whoami() -> dict[str, Any]:
     return {"imported_in": IMPORTED_IN, "pid": os.getpid(), "ppid": os.getppid(),
             "uid": os.getuid(), "cwd": os.getcwd(), "env": dict(os.environ),
             "pids": sorted(p for p in os.listdir("/proc") if p.isdigit()),
+            "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
             "namespaces": {ns: os.readlink(f"/proc/self/ns/{ns}") for ns in NAMESPACES}}
 
 
