@@ -4,15 +4,20 @@
 
 - the *relay* (the process `subprocess` forked, leader of the sandbox's process group)
   `unshare`s new mount, PID, IPC and UTS namespaces (and network, unless the tool has host
-  network; and a user namespace when the worker is not root), then waits and exits the way
-  the tool exited;
+  network; and a user namespace when the worker is not root), then waits for the tool's
+  status and exits the way the tool exited;
 - the *init*, PID 1 of the new PID namespace, mounts a fresh `/proc` (only the sandbox's own
   processes are in it: the worker's environment is out of sight), makes every mount
-  read-only except the workspace, hides the other workspaces behind an empty tmpfs, then
-  reaps children until the tool exits. When it exits the kernel kills everything left in the
-  namespace, so a process that called `setsid()` dies too;
-- the *tool*, which changes to the sandbox user (`nobody` for a root worker) or else drops
-  every capability, sets `no_new_privs` and its rlimits, and execs.
+  read-only, hides the other workspaces behind an empty tmpfs, then reaps children until the
+  tool exits. When it exits the kernel kills everything left in the namespace, so a process
+  that called `setsid()` dies too;
+- the *tool*, which mounts the workspace read-write (the last mount), changes to the sandbox
+  user (`nobody` for a root worker) or else drops every capability, sets `no_new_privs` and
+  its rlimits, and execs.
+
+A warm runner's spare (cortex_worker/sandbox/zygote.py) goes through the same processes
+before its call arrives: `plan(..., workspace=...)` has the tool process wait for it, then
+mount the call's workspace, a directory beside the one the spare was planned with.
 
 All of it runs between fork and exec, in Python, with values computed beforehand in the worker.
 A failure there is reported on the tool's stderr with the `cortex-sandbox:` prefix and exit
