@@ -5,6 +5,8 @@ channel when the first client of that job arrives and UNSUBSCRIBEs when the last
 fanning each event out to per-client bounded queues. Replays read the job's stream (XRANGE)
 through a small shared connection pool. `event_stream` is one client's stream: subscribe first,
 replay after the resume point, then live events, never one twice and never with a hole.
+Each event is written as one SSE message (`format_event`), or as its AG-UI events
+(`agui_encoder`, see `cortex_api.agui`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -23,6 +25,7 @@ import redis.asyncio as aioredis
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Send
 
+from cortex_api.agui import AgUiTranslator
 from cortex_worker.keys import channel, job_keys
 from cortex_worker.record import JOB_TERMINAL
 from cortex_worker.store import dumps
@@ -34,6 +37,8 @@ HEARTBEAT_S = 15.0
 PAGE_SIZE = 500
 QUEUE_SIZE = 1000
 SEND_TIMEOUT_S = 30.0
+#: `?format=` values of a job's event stream: Cortex's own events, or AG-UI events.
+STREAM_FORMATS = ("cortex", "ag-ui")
 
 Event = dict[str, Any]
 
@@ -196,21 +201,33 @@ async def catch_up(source: EventSource, job_id: str, cursor: Cursor,
 
 
 async def event_stream(source: EventSource, job_id: str, after: int = 0, *,
+                       encode: Callable[[Event], str] = format_event,
                        heartbeat_s: float = HEARTBEAT_S, page: int = PAGE_SIZE) -> AsyncIterator[str]:
-    """SSE text of a job's events after seq `after`; ends after the job's last event."""
+    """SSE text of a job's events after seq `after`, each written by `encode` (in seq order,
+    once; "" writes nothing); ends after the job's last event."""
+    async with aclosing(_log(source, job_id, after, heartbeat_s, page)) as items:
+        async for item in items:
+            text = sse_comment(item) if isinstance(item, str) else encode(item)
+            if text:
+                yield text
+
+
+async def _log(source: EventSource, job_id: str, after: int, heartbeat_s: float,
+               page: int) -> AsyncIterator[Event | str]:
+    """The events after seq `after`, and comments (str) for the client; ends after the last."""
     cursor = Cursor(after)
     async with source.listen(job_id) as listener:  # subscribed before the replay reads the log
         async for event in catch_up(source, job_id, cursor, page):
-            yield format_event(event)
+            yield event
             if is_terminal(event):
                 return
         if await _ended(source, job_id):
             async for event in catch_up(source, job_id, cursor, page):
-                yield format_event(event)
+                yield event
             return
         while True:
             if listener.overflowed:
-                yield sse_comment("too slow: disconnected; reconnect with Last-Event-ID")
+                yield "too slow: disconnected; reconnect with Last-Event-ID"
                 return
             try:
                 item = await asyncio.wait_for(listener.get(), heartbeat_s)
@@ -219,25 +236,55 @@ async def event_stream(source: EventSource, job_id: str, after: int = 0, *,
                 item, idle = None, True
             if item is not None and cursor.classify(int(item["seq"])) != "gap":
                 if cursor.admit(item):
-                    yield format_event(item)
+                    yield item
                     if is_terminal(item):
                         return
                 continue
             # a hole before a live event, a lost connection, or a quiet spell: read the log
             async for event in catch_up(source, job_id, cursor, page):
-                yield format_event(event)
+                yield event
                 if is_terminal(event):
                     return
             if item is not None and cursor.admit(item):  # not in the log (trimmed): send it
-                yield format_event(item)
+                yield item
                 if is_terminal(item):
                     return
             if idle:
                 if await _ended(source, job_id):
                     async for event in catch_up(source, job_id, cursor, page):
-                        yield format_event(event)
+                        yield event
                     return
-                yield sse_comment("keep-alive")
+                yield "keep-alive"
+
+
+async def history(source: EventSource, job_id: str, last: int,
+                  page: int = PAGE_SIZE) -> AsyncIterator[Event]:
+    """The log's events with seq <= `last`: what a client resuming after `last` has seen."""
+    seen = 0
+    while seen < last:
+        events = await source.read(job_id, seen, min(page, last - seen))
+        if not events:
+            return
+        for event in events:
+            yield event
+        seen = int(events[-1]["seq"])
+
+
+async def agui_encoder(source: EventSource, job_id: str, after: int, *,
+                       thread_id: str | None = None) -> Callable[[Event], str]:
+    """`encode` for `?format=ag-ui`: each event's AG-UI events, all with its seq as `id` and
+    no `event:` field (EventSource's `onmessage` only sees unnamed messages). Its translator
+    has first read the log up to `after`, so a resumed stream goes on exactly where the
+    interrupted one stopped."""
+    translate = AgUiTranslator(job_id, thread_id)
+    async for event in history(source, job_id, after):
+        translate(event)
+
+    def encode(event: Event) -> str:
+        return "".join(sse_message(dumps(item), id=int(event["seq"]))
+                       for item in translate(event))
+
+    return encode
 
 
 async def _ended(source: EventSource, job_id: str) -> bool:
@@ -336,6 +383,10 @@ class EventHub:
         """The job's status and tenant (None, None if there is no such job)."""
         status, tenant = await self.redis.hmget(job_keys(job_id).job, ["status", "tenant"])
         return status, tenant
+
+    async def session(self, job_id: str) -> str | None:
+        """The session the job answers a message of, if any (AG-UI's thread)."""
+        return await self.redis.hget(job_keys(job_id).job, "session") or None
 
     # -- housekeeping -------------------------------------------------------------------
     async def ping(self) -> bool:

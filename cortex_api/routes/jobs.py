@@ -22,7 +22,13 @@ from cortex_api.models import (
     JobSummary,
     JobView,
 )
-from cortex_api.sse import EventStreamResponse, event_stream, resume_point
+from cortex_api.sse import (
+    STREAM_FORMATS,
+    EventStreamResponse,
+    agui_encoder,
+    event_stream,
+    resume_point,
+)
 from cortex_worker.jobs import (
     cancel_job,
     decide_approval,
@@ -141,7 +147,9 @@ def _decide(store: Store, caller: Caller, job_id: str, action_id: str, approve: 
 
 @router.get("/{job_id}/events", status_code=200, response_class=EventStreamResponse,
             responses={200: {"content": {"text/event-stream": {}},
-                             "description": "`id: <seq>`, `event: <type>`, `data: <event JSON>`"},
+                             "description": "`id: <seq>`, `event: <type>`, `data: <event JSON>`; "
+                                            "with `format=ag-ui`, one message `id: <seq>`, "
+                                            "`data: <AG-UI event JSON>` per AG-UI event"},
                        **responses(400, 404)})
 async def job_events(
     job_id: str,
@@ -149,8 +157,13 @@ async def job_events(
     caller: StreamCallerDep,
     after: Annotated[int, Query(ge=0, description="send events with seq > after")] = 0,
     last_event_id: Annotated[str | None, Header(description="resume after this seq")] = None,
+    fmt: Annotated[str, Query(alias="format", description="`cortex` (the events as logged) or "
+                              "`ag-ui` ([AG-UI events](runtime.md#ag-ui))")] = "cortex",
 ) -> EventStreamResponse:
     """The job's events as server-sent events: replay, then live; ends after the last one."""
+    if fmt not in STREAM_FORMATS:
+        raise api_error(400, f"unknown format {fmt!r}: use one of "
+                             f"{', '.join(STREAM_FORMATS)}", formats=list(STREAM_FORMATS))
     try:
         start = resume_point(last_event_id, after)
     except ValueError as exc:
@@ -158,6 +171,9 @@ async def job_events(
     status, tenant = await hub.status_and_tenant(job_id)
     if status is None or not caller.owns(tenant):
         raise job_not_found(job_id)
+    if fmt == "ag-ui":
+        encode = await agui_encoder(hub, job_id, start, thread_id=await hub.session(job_id))
+        return EventStreamResponse(event_stream(hub, job_id, start, encode=encode))
     return EventStreamResponse(event_stream(hub, job_id, start))
 
 

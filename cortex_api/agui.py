@@ -1,0 +1,280 @@
+"""A job's events as AG-UI events (`GET /v1/jobs/{id}/events?format=ag-ui`).
+
+`AgUiTranslator` is one stream's translation: call it with each Cortex event in seq order and
+it returns the AG-UI events (dicts, camelCase keys as on the wire) that event becomes: none,
+one or several. `HANDLERS` maps each Cortex event type to its handler; a type with no AG-UI
+equivalent becomes a `CUSTOM` event named `cortex.<type>` whose value is the event's data.
+
+Its state (which reasoning and text messages are open, the open turn step, the token counts)
+is a function of the events before, and every id is derived from the job id and the event
+that opened the thing it names: a stream resuming after seq N runs a fresh translator over
+events 1..N, discards what it returns, and then writes exactly what an unbroken stream would
+have written after N. The module does no I/O and does not import `ag_ui`: the package checks
+the shapes in the tests only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Event = dict[str, Any]
+AgUi = dict[str, Any]
+
+#: Warnings that mean the turn's model stream starts over: what it streamed is closed.
+RESTARTS = frozenset({"model_retry", "turn_restarted"})
+#: Parse events that end a run of `response_chunk`s: the next chunk is another response.
+RESPONSE_BREAKS = frozenset({"text", "thought_chunk", "thought_end", "action_parsed",
+                             "context_feed", "response_end"})
+
+
+@dataclass(slots=True)
+class _Response:
+    """A response streamed as a text message, waiting for its rendered text (`response_end`).
+
+    Text is sent up to the first `$` as it arrives; the rest may hold references, which only
+    the rendered text resolves, so it is held back until then."""
+
+    message_id: str
+    final: bool
+    written: str = ""
+    sent: str = ""
+
+    def add(self, text: str) -> str:
+        """Take a chunk; returns what can be sent now."""
+        self.written += text
+        cut = self.written.find("$")
+        visible = self.written if cut < 0 else self.written[:cut]
+        delta, self.sent = visible[len(self.sent):], visible
+        return delta
+
+
+class AgUiTranslator:
+    """Cortex events of one job, in seq order, to AG-UI events; state per stream."""
+
+    def __init__(self, job_id: str, thread_id: str | None = None) -> None:
+        self.job_id = job_id
+        self.thread_id = thread_id or job_id
+        self._thought: str | None = None  # the open reasoning message
+        self._responses: list[_Response] = []  # open text messages, oldest first
+        self._streaming: _Response | None = None  # the one chunks go to
+        self._step: str | None = None  # the open turn
+        self._calls: set[str] = set()  # action ids whose tool call was sent
+        self._tokens = [0, 0]  # prompt, completion
+
+    def __call__(self, event: Event) -> list[AgUi]:
+        kind = str(event["type"])
+        if kind in RESPONSE_BREAKS:
+            self._streaming = None
+        out = HANDLERS.get(kind, AgUiTranslator._custom)(self, event)
+        stamp = round(float(event["ts"]) * 1000)
+        return [{**item, "timestamp": stamp} for item in out]
+
+    # -- ids: the same in every stream of the job -----------------------------------------
+    def _id(self, kind: str, event: Event) -> str:
+        return f"{self.job_id}:{kind}:{event['seq']}"
+
+    def _call_id(self, action_id: str) -> str:
+        return f"{self.job_id}:{action_id}"
+
+    # -- run and turns --------------------------------------------------------------------
+    def _run_started(self, event: Event) -> list[AgUi]:
+        started: AgUi = {"type": "RUN_STARTED", "threadId": self.thread_id, "runId": self.job_id,
+                         "rawEvent": event}
+        if event["data"].get("parent_job"):
+            started["parentRunId"] = event["data"]["parent_job"]
+        return [started]
+
+    def _turn_started(self, event: Event) -> list[AgUi]:
+        out = self._turn_completed(event)  # a turn is only ever open one at a time
+        self._step = f"turn {event['data']['turn']}"
+        return [*out, {"type": "STEP_STARTED", "stepName": self._step}]
+
+    def _turn_completed(self, event: Event) -> list[AgUi]:
+        return self._close_messages() + self._close_step()
+
+    def _usage(self, event: Event) -> list[AgUi]:
+        self._tokens[0] += int(event["data"].get("prompt_tokens") or 0)
+        self._tokens[1] += int(event["data"].get("completion_tokens") or 0)
+        return self._custom(event)
+
+    def _job_completed(self, event: Event) -> list[AgUi]:
+        return self._finish(event, {"type": "RUN_FINISHED", "threadId": self.thread_id,
+                                    "runId": self.job_id, "result": event["data"].get("result")})
+
+    def _job_failed(self, event: Event) -> list[AgUi]:
+        data = event["data"]
+        return self._finish(event, {"type": "RUN_ERROR", "code": "job_failed",
+                                    "message": data.get("error") or data.get("reason") or "failed"})
+
+    def _job_cancelled(self, event: Event) -> list[AgUi]:
+        return self._finish(event, {"type": "RUN_FINISHED", "threadId": self.thread_id,
+                                    "runId": self.job_id, "outcome": {"type": "cancelled"}})
+
+    def _finish(self, event: Event, last: AgUi) -> list[AgUi]:
+        """Close what is open, then the run: RUN_FINISHED / RUN_ERROR comes last."""
+        if any(self._tokens):
+            prompt, completion = self._tokens
+            last["usage"] = [{"inputTokens": prompt, "outputTokens": completion,
+                              "totalTokens": prompt + completion}]
+        return [*self._close_messages(), *self._close_step(), {**last, "rawEvent": event}]
+
+    # -- thoughts: reasoning messages -----------------------------------------------------
+    def _thought_chunk(self, event: Event) -> list[AgUi]:
+        out = [] if self._thought is not None else self._open_thought(event)
+        return [*out, {"type": "REASONING_MESSAGE_CONTENT", "messageId": self._thought,
+                       "delta": event["data"]["text"]}]
+
+    def _thought_end(self, event: Event) -> list[AgUi]:
+        if self._thought is not None:
+            return self._close_thought()
+        text = event["data"]["text"]  # nothing streamed: the whole thought at once
+        out = self._open_thought(event)
+        if text:
+            out.append({"type": "REASONING_MESSAGE_CONTENT", "messageId": self._thought,
+                        "delta": text})
+        return out + self._close_thought()
+
+    def _open_thought(self, event: Event) -> list[AgUi]:
+        self._thought = self._id("thought", event)
+        return [{"type": "REASONING_START", "messageId": self._thought},
+                {"type": "REASONING_MESSAGE_START", "messageId": self._thought,
+                 "role": "reasoning"}]
+
+    def _close_thought(self) -> list[AgUi]:
+        if self._thought is None:
+            return []
+        message, self._thought = self._thought, None
+        return [{"type": "REASONING_MESSAGE_END", "messageId": message},
+                {"type": "REASONING_END", "messageId": message}]
+
+    # -- responses: assistant text messages -----------------------------------------------
+    def _response_chunk(self, event: Event) -> list[AgUi]:
+        data = event["data"]
+        out: list[AgUi] = []
+        response = self._streaming
+        if response is None or response.final != bool(data.get("final")):
+            response = _Response(self._id("response", event), bool(data.get("final")))
+            self._responses.append(response)
+            out.append({"type": "TEXT_MESSAGE_START", "messageId": response.message_id,
+                        "role": "assistant"})
+        self._streaming = response
+        delta = response.add(data["text"])
+        if delta:
+            out.append({"type": "TEXT_MESSAGE_CONTENT", "messageId": response.message_id,
+                        "delta": delta})
+        return out
+
+    def _response_end(self, event: Event) -> list[AgUi]:
+        """The rendered text completes the oldest open response that it continues; with none
+        (a plain-text answer, never streamed), it is a message of its own."""
+        text = event["data"]["text"]
+        out: list[AgUi] = []
+        response = self._responses.pop(0) if self._responses else None
+        if response is not None and not text.startswith(response.sent):
+            out += self._end_response(response)  # not its text after all: keep both
+            response = None
+        if response is None:
+            response = _Response(self._id("response", event), bool(event["data"].get("final")))
+            out.append({"type": "TEXT_MESSAGE_START", "messageId": response.message_id,
+                        "role": "assistant"})
+        if text[len(response.sent):]:
+            out.append({"type": "TEXT_MESSAGE_CONTENT", "messageId": response.message_id,
+                        "delta": text[len(response.sent):]})
+        return [*out, {"type": "TEXT_MESSAGE_END", "messageId": response.message_id,
+                       "rawEvent": event}]
+
+    def _end_response(self, response: _Response) -> list[AgUi]:
+        """End a response that will not be rendered: what was held back is sent as written."""
+        held = response.written[len(response.sent):]
+        content = [{"type": "TEXT_MESSAGE_CONTENT", "messageId": response.message_id,
+                    "delta": held}] if held else []
+        return [*content, {"type": "TEXT_MESSAGE_END", "messageId": response.message_id}]
+
+    def _close_messages(self) -> list[AgUi]:
+        """The turn's stream is over (or starts again): close its open messages."""
+        out = self._close_thought()
+        for response in self._responses:
+            out += self._end_response(response)
+        self._responses, self._streaming = [], None
+        return out
+
+    def _close_step(self) -> list[AgUi]:
+        if self._step is None:
+            return []
+        step, self._step = self._step, None
+        return [{"type": "STEP_FINISHED", "stepName": step}]
+
+    def _warning(self, event: Event) -> list[AgUi]:
+        closed = self._close_messages() if event["data"].get("kind") in RESTARTS else []
+        return closed + self._custom(event)
+
+    # -- actions: tool calls --------------------------------------------------------------
+    def _action_parsed(self, event: Event) -> list[AgUi]:
+        action = event["data"]["action"]
+        if action["id"] in self._calls:  # a taken-over turn parses it again: one call only
+            return self._custom(event)
+        self._calls.add(action["id"])
+        call = self._call_id(action["id"])
+        return [{"type": "TOOL_CALL_START", "toolCallId": call, "toolCallName": action["name"],
+                 "rawEvent": event},
+                {"type": "TOOL_CALL_ARGS", "toolCallId": call,
+                 "delta": json.dumps(action.get("parameters") or {}, ensure_ascii=False)},
+                {"type": "TOOL_CALL_END", "toolCallId": call}]
+
+    def _action_completed(self, event: Event) -> list[AgUi]:
+        result = event["data"].get("result")
+        return self._result(event, result if isinstance(result, str) else
+                            json.dumps(result, ensure_ascii=False))
+
+    def _action_failed(self, event: Event) -> list[AgUi]:
+        data = event["data"]
+        error = data.get("error")
+        text = error if isinstance(error, str) else json.dumps(error, ensure_ascii=False)
+        return self._result(event, f"{data['status']}: {text}")
+
+    def _action_skipped(self, event: Event) -> list[AgUi]:
+        return self._result(event, f"skipped: {event['data'].get('reason', '')}")
+
+    def _action_cancelled(self, event: Event) -> list[AgUi]:
+        return self._result(event, "cancelled: the job ended first")
+
+    def _result(self, event: Event, content: str) -> list[AgUi]:
+        """The action's outcome, as the model reads it, answers its tool call."""
+        action_id = event["data"]["action_id"]
+        return [{"type": "TOOL_CALL_RESULT", "messageId": f"{self._call_id(action_id)}:result",
+                 "toolCallId": self._call_id(action_id), "role": "tool", "content": content,
+                 "rawEvent": event}]
+
+    # -- the rest -------------------------------------------------------------------------
+    def _custom(self, event: Event) -> list[AgUi]:
+        return [{"type": "CUSTOM", "name": f"cortex.{event['type']}", "value": event["data"]}]
+
+
+Handler = Callable[[AgUiTranslator, Event], list[AgUi]]
+
+#: Cortex event type -> handler. Types not listed (`job_started`, `text`, `context_feed`,
+#: `feed_updated`, `protocol_error`, `child_job`, `action_queued`, `action_started`,
+#: `action_retrying`, `approval_requested`, `action_approved`, `action_rejected`, and any
+#: type added later) become `CUSTOM` events.
+HANDLERS: dict[str, Handler] = {
+    "job_queued": AgUiTranslator._run_started,
+    "turn_started": AgUiTranslator._turn_started,
+    "turn_completed": AgUiTranslator._turn_completed,
+    "usage": AgUiTranslator._usage,
+    "job_completed": AgUiTranslator._job_completed,
+    "job_failed": AgUiTranslator._job_failed,
+    "job_cancelled": AgUiTranslator._job_cancelled,
+    "thought_chunk": AgUiTranslator._thought_chunk,
+    "thought_end": AgUiTranslator._thought_end,
+    "response_chunk": AgUiTranslator._response_chunk,
+    "response_end": AgUiTranslator._response_end,
+    "warning": AgUiTranslator._warning,
+    "action_parsed": AgUiTranslator._action_parsed,
+    "action_completed": AgUiTranslator._action_completed,
+    "action_failed": AgUiTranslator._action_failed,
+    "action_skipped": AgUiTranslator._action_skipped,
+    "action_cancelled": AgUiTranslator._action_cancelled,
+}
