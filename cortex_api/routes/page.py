@@ -1,6 +1,9 @@
-"""The job page: `GET /jobs/{id}` (plain HTML, JS and CSS from cortex_api/page/, no build step).
+"""The pages: the jobs dashboard `GET /jobs` and the job page `GET /jobs/{id}` (plain HTML, JS
+and CSS from cortex_api/page/, no build step, nothing fetched from elsewhere).
 
-The page reads `GET /v1/jobs/{id}` once and follows `GET /v1/jobs/{id}/events`; see job.js.
+The dashboard polls `GET /v1/jobs` (jobs.js). The job page reads `GET /v1/jobs/{id}` once and
+follows `GET /v1/jobs/{id}/events` (job.js). The dashboard links to Flower when
+`CORTEX_FLOWER_URL` names it.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import os
 from functools import cache
 from importlib import resources
 
@@ -22,7 +26,11 @@ log = logging.getLogger("cortex.api.page")
 
 router = APIRouter(tags=["page"], include_in_schema=False)
 
-ASSETS = {"job.js": "text/javascript; charset=utf-8", "job.css": "text/css; charset=utf-8"}
+JS = "text/javascript; charset=utf-8"
+ASSETS = {"job.js": JS, "jobs.js": JS, "common.js": JS, "markdown.js": JS,
+          "job.css": "text/css; charset=utf-8"}
+#: Where the dashboard's Flower link points; no link without it.
+FLOWER_URL_ENV = "CORTEX_FLOWER_URL"
 
 
 @cache
@@ -42,6 +50,24 @@ def _docker_tools() -> list[str]:
 def _json_for_script(value: object) -> str:
     """JSON safe inside <script> (no `</script>`, no `<!--`)."""
     return json.dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _flower_url() -> str | None:
+    """`CORTEX_FLOWER_URL` if it is an http(s) URL (anything else would be a script link)."""
+    url = os.environ.get(FLOWER_URL_ENV, "").strip()
+    if url and not url.lower().startswith(("http://", "https://")):
+        log.warning("jobs dashboard: %s=%r is not an http(s) URL: no Flower link", FLOWER_URL_ENV, url)
+        return None
+    return url or None
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs_dashboard(caller: StreamCallerDep) -> HTMLResponse:
+    """The caller's jobs, live: status, kind, agent, times and action counts, filtered by
+    status and agent; each links to its job page."""
+    config = _json_for_script({"flower_url": _flower_url()})
+    return HTMLResponse(_asset("jobs.html").replace("{{CONFIG}}", config),
+                        headers={"Cache-Control": "no-store"})
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
