@@ -34,7 +34,7 @@ window.CortexMarkdown = (function () {
     if (href === null) return null;
     const a = node("a", { href: href, rel: "noopener noreferrer nofollow", target: "_blank" });
     if (title) a.title = title;
-    inline(label, a);
+    inline(label, a, true);
     return a;
   }
 
@@ -44,7 +44,8 @@ window.CortexMarkdown = (function () {
   const BARE_URL = /^https?:\/\/[^\s<]*[^\s<.,;:!?"')\]]/i;
   const ESCAPABLE = /^\\([!-\/:-@\[-`{-~])/;
 
-  function inline(text, parent) {
+  // `inLink`: the label of a link, where no other link may start.
+  function inline(text, parent, inLink) {
     let plain = "";
     const flush = () => { if (plain) { parent.appendChild(document.createTextNode(plain)); plain = ""; } };
     let i = 0;
@@ -67,22 +68,22 @@ window.CortexMarkdown = (function () {
         }
         plain += run; i += run.length; continue;
       }
-      if ((ch === "[" || (ch === "!" && rest[1] === "[")) && (m = LINK.exec(rest))) {
+      if (!inLink && (ch === "[" || (ch === "!" && rest[1] === "[")) && (m = LINK.exec(rest))) {
         const made = link(m[1] ? (m[2] || m[3]) : m[2], m[3], m[4]);
         flush();
-        if (made) parent.appendChild(made); else inline(m[2], parent);
+        if (made) parent.appendChild(made); else inline(m[2], parent, true);
         i += m[0].length;
         continue;
       }
-      if (ch === "<" && (m = AUTOLINK.exec(rest))) {
+      if (!inLink && ch === "<" && (m = AUTOLINK.exec(rest))) {
         flush(); parent.appendChild(link(m[1], m[1])); i += m[0].length; continue;
       }
-      if ((ch === "h" || ch === "H") && /\W$|^$/.test(text.slice(Math.max(0, i - 1), i))
+      if (!inLink && (ch === "h" || ch === "H") && /\W$|^$/.test(text.slice(Math.max(0, i - 1), i))
           && (m = BARE_URL.exec(rest))) {
         flush(); parent.appendChild(link(m[0], m[0])); i += m[0].length; continue;
       }
       if (ch === "*" || ch === "_" || ch === "~") {
-        const made = emphasis(text, i);
+        const made = emphasis(text, i, inLink);
         if (made) { flush(); parent.appendChild(made.node); i = made.end; continue; }
       }
       if (ch === " " && /^ {2,}\n/.test(rest)) { flush(); parent.appendChild(node("br")); i = text.indexOf("\n", i) + 1; continue; }
@@ -92,10 +93,18 @@ window.CortexMarkdown = (function () {
     return parent;
   }
 
-  // **strong**, __strong__, *em*, _em_, ~~strike~~: the delimiter must touch its text on
-  // both sides; `_` inside a word (snake_case) is not emphasis.
-  function emphasis(text, i) {
+  // **strong**, __strong__, *em*, _em_, ***both***, ~~strike~~: the delimiter must touch its
+  // text on both sides; `_` inside a word (snake_case) is not emphasis.
+  function emphasis(text, i, inLink) {
     const ch = text[i];
+    if (ch !== "~" && text.startsWith(ch + ch + ch, i)) {
+      const end = text.indexOf(ch + ch + ch, i + 3);
+      if (end > i + 3 && !/\s/.test(text[i + 3]) && !/\s/.test(text[end - 1])) {
+        const em = node("em");
+        em.appendChild(inline(text.slice(i + 3, end), node("strong"), inLink));
+        return { node: em, end: end + 3 };
+      }
+    }
     const double = text[i + 1] === ch;
     if (ch === "~" && !double) return null;
     const delim = double ? ch + ch : ch;
@@ -108,7 +117,7 @@ window.CortexMarkdown = (function () {
       if (/\s/.test(text[end - 1])) continue;
       if (ch === "_" && /\w/.test(text[end + delim.length] || "")) continue;
       const tag = ch === "~" ? "del" : double ? "strong" : "em";
-      return { node: inline(text.slice(start, end), node(tag)), end: end + delim.length };
+      return { node: inline(text.slice(start, end), node(tag), inLink), end: end + delim.length };
     }
     return null;
   }
@@ -178,10 +187,10 @@ window.CortexMarkdown = (function () {
         parent.appendChild(wrap);
         continue;
       }
-      const para = [line.trim()];
+      const para = [line.trimStart()];  // trailing spaces stay: two of them break the line
       i += 1;
       while (i < lines.length && !blank(lines[i]) && !startsBlock(lines[i], lines[i + 1])) {
-        para.push(lines[i].trim()); i += 1;
+        para.push(lines[i].trimStart()); i += 1;
       }
       parent.appendChild(inline(para.join("\n"), node("p")));
     }
@@ -200,7 +209,7 @@ window.CortexMarkdown = (function () {
     const items = [];
     while (i < lines.length) {
       const m = ITEM.exec(lines[i]);
-      if (!m || m[1].length !== base || /\d/.test(m[2]) !== ordered) break;
+      if (!m || m[1].length >= base + 2 || /\d/.test(m[2]) !== ordered) break;
       const width = m[0].length || m[1].length + m[2].length + 1;
       const body = [lines[i].slice(m[0].length)];
       i += 1;
@@ -219,7 +228,7 @@ window.CortexMarkdown = (function () {
       const next = lines.slice(i).findIndex((l) => !blank(l));
       if (next > 0) {
         const m2 = ITEM.exec(lines[i + next]);
-        if (m2 && m2[1].length === base && /\d/.test(m2[2]) === ordered) { loose = true; i += next; }
+        if (m2 && m2[1].length < base + 2 && /\d/.test(m2[2]) === ordered) { loose = true; i += next; }
       }
     }
     for (const body of items) {
