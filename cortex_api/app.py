@@ -14,6 +14,7 @@ from cortex_api.limits import BodyLimitMiddleware, body_limit
 from cortex_api.readiness import ReadinessProbe, celery_inspector, required_pools
 from cortex_api.routes import health, jobs, metrics, page, registry, sessions, validate
 from cortex_api.sse import EventHub
+from cortex_worker import tracing
 from cortex_worker.settings import Settings, get_settings
 from cortex_worker.store import Store
 
@@ -36,9 +37,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         probe = ReadinessProbe(hub.ping, celery_inspector(settings, timeout=1.0),
                                required_pools(settings))
         app.state.store, app.state.hub, app.state.readiness = store, hub, probe
+        tracing.configure("cortex-api")  # a job's start message carries its trace
         try:
             yield
         finally:
+            tracing.flush()
             probe.close()
             await hub.aclose()
             store.redis.close()

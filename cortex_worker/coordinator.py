@@ -18,7 +18,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from cortex_worker import dispatch, executor, feeds, jobs
+from cortex_worker import dispatch, executor, feeds, jobs, tracing
 from cortex_worker.agents.prompt import (
     PROTOCOL_REMINDER,
     build_system_prompt,
@@ -111,8 +111,10 @@ def run_turns(store: Store, job_id: str) -> None:
                     return
                 store.set_job(job_id, turn_phase="generating")
             if phase != "generated":
-                turn_state = _generate(store, job_id, job, agent, turn, finished,
-                                       restarted=restarted)
+                with tracing.span(f"turn {turn}", job_id, {
+                        "cortex.job.id": job_id, "cortex.agent": agent.name, "cortex.turn": turn}):
+                    turn_state = _generate(store, job_id, job, agent, turn, finished,
+                                           restarted=restarted)
                 if turn_state is None:
                     return
         except ModelError as exc:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, Protocol
 
-from cortex_worker import dispatch
+from cortex_worker import dispatch, tracing
 from cortex_worker.actions.call import Call, ChildJob, Deferred
 from cortex_worker.actions.table import ACTION_TYPES, runner_of
 from cortex_worker.errors import SubmitError
@@ -135,7 +135,9 @@ def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, An
             "message": f"{u.text} in action {action_id!r} was left as written: {u.reason}"})
             for u in unresolved])
     started = time.time()
-    status, value, error = _run(job_id, action_id, spec, params, timeout)
+    with tracing.action_span(job_id, spec, attempt) as span:
+        status, value, error = _run(job_id, action_id, spec, params, timeout)
+        tracing.outcome(span, status, error)
     finished = time.time()
     if status == "deferred":  # a child job will record the outcome, unless time runs out
         if spec.get("timeout"):

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from cortex_worker import approvals, dispatch, executor
+from cortex_worker import approvals, dispatch, executor, tracing
 from cortex_worker.actions.call import ChildJob
 from cortex_worker.actions.table import ACTION_TYPES, Target
 from cortex_worker.errors import SubmitError
@@ -322,6 +322,9 @@ def end_job(store: Store, job_id: str, status: str, data: dict[str, Any],
     if ended is None:
         return False
     dispatch.revoke(job_id, ended)
+    tracing.record_job(job_id, job.created_at, status, {
+        "cortex.job.kind": job.kind, "cortex.agent": job.agent or "", **(
+            {"error.type": "job_" + status, "cortex.job.error": str(error)} if error else {})})
     if status != "completed":
         cancel_children(store, job_id)
     if notify:

@@ -5,9 +5,14 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from celery import Task
-from celery.signals import worker_init, worker_process_init
+from celery.signals import (
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 
-from cortex_worker import coordinator, dispatch, executor, feeds, jobs, reconciler
+from cortex_worker import coordinator, dispatch, executor, feeds, jobs, reconciler, tracing
 from cortex_worker.app import app
 from cortex_worker.runtime import get_store
 from cortex_worker.sandbox.process import install_sigterm_handler
@@ -18,6 +23,7 @@ from cortex_worker.settings import get_settings
 def _init_process(**_: Any) -> None:
     # A revoked (terminated) task must take its sandboxed processes with it.
     install_sigterm_handler()
+    tracing.configure("cortex-worker")  # the exporter's thread does not survive the fork
     reconciler.start(get_store(), get_settings())  # a prefork child: it holds leases
 
 
@@ -25,7 +31,14 @@ def _init_process(**_: Any) -> None:
 def _init_worker(**_: Any) -> None:
     # The worker's own process: threaded pools run their tasks here; a prefork parent beats
     # and reconciles too (its children start their own heartbeat after the fork).
+    tracing.configure("cortex-worker")
     reconciler.start(get_store(), get_settings())
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _flush_traces(**_: Any) -> None:
+    tracing.flush()
 
 
 @app.task(name="cortex.start_job", ignore_result=True)

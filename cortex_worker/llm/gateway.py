@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from cortex_worker import tracing
 from cortex_worker.llm import transport
 from cortex_worker.llm.anthropic import stream_messages
 from cortex_worker.llm.config import ModelConfig
@@ -246,7 +247,8 @@ def open_stream(
     `base_dir` (the manifests directory) is where a relative replay transcript may live.
     `grammar`: `build_grammar(agent, registry, config.grammar)`, or None.
     """
-    return PROVIDERS[config.provider](config, messages, tools, client, base_dir, grammar)
+    return tracing.model_stream(
+        config, PROVIDERS[config.provider](config, messages, tools, client, base_dir, grammar))
 
 
 def complete(
