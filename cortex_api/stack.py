@@ -144,6 +144,8 @@ class Stack:
             self._spawn(f"worker-{pool}", [*_cortex(), "worker", "--pool", pool])
         port = api_port or free_port()
         self.api_url = f"http://127.0.0.1:{port}"
+        if flower:  # the jobs dashboard links to it
+            self.env["CORTEX_FLOWER_URL"] = f"http://127.0.0.1:{self.settings.flower_port}"
         self._spawn("api", [*_cortex(), "api", "--host", "127.0.0.1", "--port", str(port)])
         if flower:
             self._start_flower()

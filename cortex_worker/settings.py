@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     )
 
     flower_port: int = Field(default=5555, gt=0, lt=65536, description="`cortex up`'s Flower")
+    flower_url: str | None = Field(default=None, pattern=r"^https?://", description="where the "
+                                   "jobs dashboard links to Flower (`cortex up` sets it when it "
+                                   "runs Flower); no link without it")
     flower_basic_auth: SecretStr | None = Field(
         default=None, description="Flower's basic auth, user:password (several: comma-separated)")
 

@@ -3,7 +3,7 @@ and CSS from cortex_api/page/, no build step, nothing fetched from elsewhere).
 
 The dashboard polls `GET /v1/jobs` (jobs.js). The job page reads `GET /v1/jobs/{id}` once and
 follows `GET /v1/jobs/{id}/events` (job.js). The dashboard links to Flower when
-`CORTEX_FLOWER_URL` names it.
+`CORTEX_FLOWER_URL` (the setting `flower_url`) names it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import html
 import json
 import logging
-import os
 from functools import cache
 from importlib import resources
 
@@ -19,7 +18,7 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
 from cortex_api.auth import StreamCallerDep
-from cortex_api.deps import StoreDep
+from cortex_api.deps import SettingsDep, StoreDep
 from cortex_worker.runtime import get_registry
 
 log = logging.getLogger("cortex.api.page")
@@ -29,8 +28,6 @@ router = APIRouter(tags=["page"], include_in_schema=False)
 JS = "text/javascript; charset=utf-8"
 ASSETS = {"job.js": JS, "jobs.js": JS, "common.js": JS, "markdown.js": JS,
           "job.css": "text/css; charset=utf-8"}
-#: Where the dashboard's Flower link points; no link without it.
-FLOWER_URL_ENV = "CORTEX_FLOWER_URL"
 
 
 @cache
@@ -52,20 +49,11 @@ def _json_for_script(value: object) -> str:
     return json.dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _flower_url() -> str | None:
-    """`CORTEX_FLOWER_URL` if it is an http(s) URL (anything else would be a script link)."""
-    url = os.environ.get(FLOWER_URL_ENV, "").strip()
-    if url and not url.lower().startswith(("http://", "https://")):
-        log.warning("jobs dashboard: %s=%r is not an http(s) URL: no Flower link", FLOWER_URL_ENV, url)
-        return None
-    return url or None
-
-
 @router.get("/jobs", response_class=HTMLResponse)
-def jobs_dashboard(caller: StreamCallerDep) -> HTMLResponse:
+def jobs_dashboard(caller: StreamCallerDep, settings: SettingsDep) -> HTMLResponse:
     """The caller's jobs, live: status, kind, agent, times and action counts, filtered by
     status and agent; each links to its job page."""
-    config = _json_for_script({"flower_url": _flower_url()})
+    config = _json_for_script({"flower_url": settings.flower_url})
     return HTMLResponse(_asset("jobs.html").replace("{{CONFIG}}", config),
                         headers={"Cache-Control": "no-store"})
 

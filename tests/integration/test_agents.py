@@ -30,7 +30,7 @@ from tests.manifest_helpers import TEST_AGENTS
 FAST = 2000.0  # tokens per second (of 4 characters): a turn streams in a few milliseconds
 CHUNKS = {"thought_chunk", "response_chunk", "text"}
 ENDED = {"completed", "failed", "cancelled"}
-TESTER_TOOLS = "echo, sleep, calculator, fail, flaky, web_scraper, python"
+TESTER_TOOLS = "echo, sleep, calculator, fail, flaky, web_scraper, python, deploy"
 
 
 # ------------------------------------------------------------------------------ helpers

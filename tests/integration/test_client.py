@@ -227,12 +227,12 @@ def test_errors_are_typed_and_carry_the_api_message(client: Client) -> None:
 
 
 def test_jobs_agents_and_tools_are_listed(client: Client) -> None:
-    ids = [client.submit_document(ECHO).id for _ in range(2)]
+    ids = [client.submit_document(ECHO).id for _ in range(3)]  # a third: there is a next page
     for job_id in ids:
         client.wait(job_id, timeout=30)
 
     page = client.list_jobs(limit=2)
-    assert [item.id for item in page.items] == ids[::-1] and page.next_offset == 2
+    assert [item.id for item in page.items] == ids[:0:-1] and page.next_offset == 2
     completed = client.list_jobs(status="completed", limit=200).items
     assert set(ids) <= {item.id for item in completed}
     assert {item.status for item in completed} == {"completed"}
