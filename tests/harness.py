@@ -857,6 +857,17 @@ def wait_http_ok(url: str, proc: Process | None = None, timeout: float = 30.0) -
         raise HarnessError(f"{url} not 200 within {timeout}s (last: {last[0]}){detail}") from None
 
 
+@contextlib.contextmanager
+def api_running(env: Mapping[str, str], *, log_dir: str | os.PathLike[str],
+                cwd: str | os.PathLike[str]) -> Iterator[Process]:
+    """`start_api`, stopped when the block ends."""
+    proc = start_api(env, log_dir=log_dir, cwd=cwd)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
 def start_api(
     env: Mapping[str, str],
     port: int | None = None,

@@ -26,6 +26,7 @@ from cortex_worker.settings import get_settings
 from cortex_worker.store import Store
 from cortex_worker.testing import StubBroker
 from tests import harness
+from tests.fake_llm import FakeLLM
 
 HERE = Path(__file__).resolve().parent
 MANIFESTS_DIR = HERE.parent / "manifests"
@@ -88,3 +89,17 @@ def broker(store: Store) -> Iterator[StubBroker]:
     stub = StubBroker()
     with dispatch.use_broker(stub):
         yield stub
+
+
+@pytest.fixture(scope="package")
+def fake_llm() -> Iterator[FakeLLM]:
+    """The tests' fake model server, on loopback, from a thread of this process."""
+    with FakeLLM() as server:
+        yield server
+
+
+@pytest.fixture
+def llm(fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> FakeLLM:
+    """The fake model server, named by `CORTEX_TEST_LLM_URL` as the test agents expect."""
+    monkeypatch.setenv("CORTEX_TEST_LLM_URL", fake_llm.url)
+    return fake_llm

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,18 +23,6 @@ from tests.engine.helpers import events, of, one, status
 from tests.fake_llm import FakeLLM, Turn
 
 FAST = 5000.0  # tokens per second: a turn streams in a few milliseconds
-
-
-@pytest.fixture(scope="module")
-def fake_llm() -> Iterator[FakeLLM]:
-    with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture
-def llm(fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> FakeLLM:
-    monkeypatch.setenv("CORTEX_TEST_LLM_URL", fake_llm.url)
-    return fake_llm
 
 
 def act(ident: str, name: str, params: dict[str, Any], mode: str = "sync",

@@ -10,9 +10,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
-
-import pytest
 
 from cortex_worker import dispatch, jobs
 from cortex_worker.keys import job_keys
@@ -113,18 +110,6 @@ def test_an_action_that_needs_no_approval_cannot_be_approved(
 
 
 # ---------------------------------------------------------------- agents
-
-
-@pytest.fixture(scope="module")
-def fake_llm() -> Iterator[FakeLLM]:
-    with FakeLLM() as server:
-        yield server
-
-
-@pytest.fixture
-def llm(fake_llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> FakeLLM:
-    monkeypatch.setenv("CORTEX_TEST_LLM_URL", fake_llm.url)
-    return fake_llm
 
 
 def test_an_agent_policy_holds_its_calls_and_the_model_reads_a_rejection(

@@ -156,11 +156,8 @@ def workers(cortex_env: dict[str, str], harness_dir: Path) -> Iterator[dict[str,
 @pytest.fixture(scope="session")
 def api(cortex_env: dict[str, str], harness_dir: Path) -> Iterator[harness.Process]:
     """A running `cortex api` (uvicorn) whose `GET /healthz` answered 200; see `.url`."""
-    proc = harness.start_api(cortex_env, log_dir=harness_dir, cwd=harness_dir)
-    try:
+    with harness.api_running(cortex_env, log_dir=harness_dir, cwd=harness_dir) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture

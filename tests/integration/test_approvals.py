@@ -78,11 +78,8 @@ def test_a_rejection_fails_the_action_with_its_reason(client: Client) -> None:
 def tenants_api(cortex_env: dict[str, str], harness_dir: Path) -> Iterator[harness.Process]:
     """An API of its own with two tenants' keys (the session's `api` has none)."""
     env = {**cortex_env, "CORTEX_API_KEYS": f"alpha:{ALPHA},beta:{BETA}"}
-    proc = harness.start_api(env, log_dir=harness_dir, cwd=harness_dir)
-    try:
+    with harness.api_running(env, log_dir=harness_dir, cwd=harness_dir) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def test_only_the_jobs_tenant_may_answer(workers: Any, tenants_api: harness.Process) -> None:

@@ -252,11 +252,8 @@ KEY = "client-" + secrets.token_urlsafe(24)
 def keyed_api(cortex_env: dict[str, str], harness_dir: Path) -> Iterator[harness.Process]:
     """An API of its own that has keys (the session's `api` has none)."""
     env = {**cortex_env, "CORTEX_API_KEYS": f"alpha:{KEY}"}
-    proc = harness.start_api(env, log_dir=harness_dir, cwd=harness_dir)
-    try:
+    with harness.api_running(env, log_dir=harness_dir, cwd=harness_dir) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 def test_the_key_is_sent_and_a_wrong_or_missing_one_is_unauthorized(

@@ -40,11 +40,8 @@ def api(workers: Any, api: Any) -> Any:
 def keyed_api(workers: Any, cortex_env: dict[str, str], harness_dir: Path) -> Iterator[harness.Process]:
     """An API of its own with a key (tenant `ops`) and a Flower URL; the session's has neither."""
     env = {**cortex_env, "CORTEX_API_KEYS": f"ops:{KEY}", "CORTEX_FLOWER_URL": FLOWER}
-    proc = harness.start_api(env, log_dir=harness_dir, cwd=harness_dir)
-    try:
+    with harness.api_running(env, log_dir=harness_dir, cwd=harness_dir) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture
