@@ -63,3 +63,21 @@ def test_waiting_calls_hold_no_worker_slot(workers: Any, api: Any) -> None:
     assert most_at_once(limited_events) <= LIMIT
     # the other job finished while the limited one still had calls waiting (≈ 2 s in all)
     assert other_events[-1]["ts"] < of(limited_events, "action_started")[-1]["ts"]
+
+
+def test_a_fan_out_of_500_calls_keeps_the_limit_and_starves_no_other_job(
+        workers: Any, api: Any) -> None:
+    """What a model fanning out 500 calls of a rate-limited API does: at most LIMIT run at
+    once, each runs once, and another job's actions are not stuck behind them."""
+    limited = started_job(api, calls(500, 0), canvas=False, max_parallel=500)
+    other = started_job(api, "".join(
+        f'<action type="tool" mode="async" id="e{i}">{{"name": "echo", "parameters": '
+        f'{{"message": {i}}}}}</action>' for i in range(6)) + "<response>ok</response>")
+    other_events = follow(api, other)
+    limited_events = follow(api, limited, timeout=180)
+    assert other_events[-1]["type"] == "job_completed"
+    assert limited_events[-1]["type"] == "job_completed", limited_events[-1]
+    assert most_at_once(limited_events) <= LIMIT
+    started = of(limited_events, "action_started")
+    assert sorted(e["data"]["action_id"] for e in started) == sorted(f"r{i}" for i in range(500))
+    assert other_events[-1]["ts"] < started[-1]["ts"]  # done long before the fan-out was
