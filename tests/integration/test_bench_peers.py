@@ -12,9 +12,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("langgraph.prebuilt")
-pytest.importorskip("langchain_openai")
-
 PEERS = Path(__file__).resolve().parents[2] / "bench" / "peers.py"
 QUICK = ["--runs", "1", "--warmup", "0", "--ttft", "0.05", "--tps", "500",
          "--sleep-scale", "0.1"]
