@@ -29,8 +29,9 @@ Measured:
   time (utime + stime of all its processes) during the batch, and the busiest 1 s;
 - CPU time of Redis and of this process (which runs the fake model server) during the batch;
 - with `--token-cost`: the CPU one thread spends per streamed token on what an agent turn does
-  with it (read it from the stream, feed the parser, log its events with one `Store.emit`),
-  measured in this process against the same fake model and Redis.
+  with it (read it from the stream, feed the parser, log its chunks as the coordinator does:
+  a `ChunkWriter`, at most every 50 ms), measured in this process against the same fake model
+  and Redis.
 
 All processes are stopped at the end, also on errors and Ctrl-C. This is a measurement, not a
 test: it always exits 0 once the measurement has completed.
@@ -334,8 +335,10 @@ def run_mode(stack: Stack, mode: str, args: argparse.Namespace,
 def token_cost(stack: Stack, tokens: int = 10_000) -> dict[str, float]:
     """CPU of one thread of this process per streamed token (us), for what an agent turn does
     with each chunk: read it from the model stream (the gateway: httpx, SSE, JSON), also feed
-    the parser, also log its events with one `Store.emit` as the coordinator does. Best of 3."""
-    from cortex_worker.coordinator import CHUNK_EVENTS, _coalesce
+    the parser, also log its chunks as the coordinator does (a `ChunkWriter`, flushed here in
+    this thread every FLUSH_S, so that its CPU is counted). Best of 3."""
+    from cortex_worker.chunk_writer import ChunkWriter
+    from cortex_worker.coordinator import CHUNK_EVENTS, FLUSH_S, _coalesce
     from cortex_worker.llm.config import ModelConfig
     from cortex_worker.llm.gateway import open_stream
     from cortex_worker.llm.stream import TextDelta
@@ -348,11 +351,13 @@ def token_cost(stack: Stack, tokens: int = 10_000) -> dict[str, float]:
     model = f"cost-{uuid.uuid4().hex[:6]}"
     config = ModelConfig(base_url=stack.llm.url, model=model, api_key_env=None)
     out: dict[str, float] = {}
-    for step in ("stream", "stream + parse", "stream + parse + emit") * 3:
+    writer = ChunkWriter(stack.store, 3600.0, prepare=_coalesce)  # its thread never writes
+    for step in ("stream", "stream + parse", "stream + parse + log") * 3:
         stack.llm.script(model, [Turn(text=body, tokens_per_second=4000,
                                       chunk_chars=CHUNK_CHARS)])
         parser = p.StreamParser()
         count = 0
+        flushed = time.monotonic()
         cpu0 = time.thread_time()
         for piece in open_stream(config, [{"role": "user", "content": "x"}]):
             if not isinstance(piece, TextDelta):
@@ -361,10 +366,12 @@ def token_cost(stack: Stack, tokens: int = 10_000) -> dict[str, float]:
             if step == "stream":
                 continue
             events = parser.feed(piece.text)
-            if step.endswith("emit"):
-                batch = [(e.type, e.data) for e in events if e.type in CHUNK_EVENTS]
-                if batch:
-                    stack.store.emit(job_id, _coalesce(batch))
+            if step.endswith("log"):
+                writer.add(job_id, [(e.type, e.data) for e in events if e.type in CHUNK_EVENTS])
+                if time.monotonic() - flushed >= FLUSH_S:
+                    writer.flush(job_id)
+                    flushed = time.monotonic()
+        writer.flush(job_id)  # what is left, as a turn's end does
         cost = (time.thread_time() - cpu0) / max(1, count) * 1e6
         out[step] = min(out.get(step, cost), cost)
     return out
