@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,6 +22,7 @@ log = logging.getLogger(__name__)
 
 SUBSCRIBE_WAIT_S = 2.0  # how long the first watch waits for the subscription to be live
 RECONNECT_S = 0.5
+POLL_S = 1.0  # the listener looks at `close` this often
 
 
 class JobEnds:
@@ -33,6 +33,7 @@ class JobEnds:
         self._events: dict[str, list[threading.Event]] = {}
         self._lock = threading.Lock()
         self._subscribed = threading.Event()
+        self._closed = threading.Event()
         self._thread: threading.Thread | None = None
 
     @contextmanager
@@ -63,21 +64,29 @@ class JobEnds:
             self._thread.start()
         self._subscribed.wait(SUBSCRIBE_WAIT_S)
 
+    def close(self) -> None:
+        """Stop listening, within POLL_S (a process that drops its runtime: the tests)."""
+        self._closed.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(POLL_S + RECONNECT_S + 1.0)
+
     def _listen(self) -> None:
-        while True:
+        while not self._closed.is_set():
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.subscribe(ENDED_CHANNEL)
                 self._subscribed.set()
-                for message in pubsub.listen():
-                    if message.get("type") == "message":
+                while not self._closed.is_set():
+                    message = pubsub.get_message(timeout=POLL_S)
+                    if message is not None and message.get("type") == "message":
                         self._ended(str(message["data"]))
             except redis.RedisError as exc:
                 log.warning("job-end listener lost Redis (%s); reconnecting", exc)
             finally:
                 self._subscribed.clear()
                 pubsub.close()
-            time.sleep(RECONNECT_S)
+            self._closed.wait(RECONNECT_S)
 
     def _ended(self, job_id: str) -> None:
         with self._lock:

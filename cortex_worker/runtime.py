@@ -27,3 +27,12 @@ def get_registry() -> Registry:
 def get_job_ends() -> JobEnds:
     """The process's listener for job ends (one pub/sub connection, started on first use)."""
     return JobEnds(get_store().redis)
+
+
+def reset() -> None:
+    """Drop the handles, so the next use reads the environment again (tests that point this
+    process at another Redis or manifests); the job-end listener is stopped first."""
+    if get_job_ends.cache_info().currsize:
+        get_job_ends().close()
+    for cached in (get_job_ends, get_registry, get_store, get_settings):
+        cached.cache_clear()

@@ -14,14 +14,13 @@ dropped on the way in and out, so other test packages see their own again.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from cortex_worker import dispatch, job_ends, runtime
+from cortex_worker import dispatch, runtime
 from cortex_worker.settings import get_settings
 from cortex_worker.store import Store
 from cortex_worker.testing import StubBroker
@@ -38,20 +37,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.engine)
 
 
-def _clear_caches() -> None:
-    for cached in (runtime.get_job_ends, runtime.get_registry, runtime.get_store, get_settings):
-        cached.cache_clear()
-
-
 @pytest.fixture(scope="session")
 def engine_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[harness.RedisServer]:
     """A private redis-server (memory only) for the whole session."""
     where = tmp_path_factory.mktemp("engine-redis")
     with harness.RedisServer(log_dir=where, data_dir=where / "data") as server:
         yield server
-        # An agent turn started this process's job-end listener (`runtime.get_job_ends`: a
-        # daemon thread without a stop) on this Redis; it would log its reconnects until exit.
-        logging.getLogger(job_ends.__name__).disabled = True
 
 
 @pytest.fixture(scope="package")
@@ -67,11 +58,11 @@ def engine_runtime(engine_redis: harness.RedisServer,
         patch.setenv("CORTEX_REDIS_URL", engine_redis.url)
         patch.setenv("CORTEX_MANIFESTS", str(MANIFESTS_DIR))
         patch.setenv("CORTEX_WORKSPACE_ROOT", str(tmp_path_factory.mktemp("engine-workspaces")))
-        _clear_caches()
+        runtime.reset()
         try:
             yield
         finally:
-            _clear_caches()
+            runtime.reset()
 
 
 @pytest.fixture

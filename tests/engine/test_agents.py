@@ -97,16 +97,25 @@ def test_a_turn_the_store_failed_is_taken_over_once_its_lease_runs_out(
     model = f"engine-{uuid.uuid4().hex[:8]}"
     llm.script(model, [turn("<thought>Thinking.</thought>" + final("first")),
                        turn("<thought>Again.</thought>" + final("done"))])
-    real_emit = store.emit
+    real_emit, real_emit_many = store.emit, store.emit_many
     failures: list[str] = []
 
+    def thinking(batch: Any) -> bool:
+        return any(kind == "thought_chunk" for kind, _ in batch)
+
     def emit(job_id: str, batch: Any, **kwargs: Any) -> int:
-        if not failures and any(kind == "thought_chunk" for kind, _ in batch):
+        if not failures and thinking(batch):
             failures.append(job_id)
             raise redis.ConnectionError("Redis went away")
         return real_emit(job_id, batch, **kwargs)
 
+    def emit_many(batches: Any, **kwargs: Any) -> None:  # the chunk writer's thread
+        if not failures and any(thinking(batch) for batch in batches.values()):
+            raise redis.ConnectionError("Redis went away")  # it keeps them for the turn
+        real_emit_many(batches, **kwargs)
+
     monkeypatch.setattr(store, "emit", emit)
+    monkeypatch.setattr(store, "emit_many", emit_many)
     job_id = jobs.submit_agent(store, "tester", "Think.", options=JobOptions(model=model))
     with pytest.raises(redis.ConnectionError):
         broker.join()

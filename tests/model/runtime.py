@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cortex_worker import job_ends, runtime
+from cortex_worker import runtime
 from cortex_worker.settings import get_settings
 from tests import harness
 
@@ -133,7 +132,7 @@ def engine(manifests: Path, env: dict[str, str] | None = None) -> Iterator[harne
             del os.environ[key]
         os.environ.update({"CORTEX_REDIS_URL": server.url, "CORTEX_MANIFESTS": str(manifests),
                            "CORTEX_WORKSPACE_ROOT": str(where / "workspaces"), **(env or {})})
-        _clear_caches()
+        runtime.reset()
         try:
             assert get_settings().redis_url == server.url
             yield server
@@ -142,12 +141,4 @@ def engine(manifests: Path, env: dict[str, str] | None = None) -> Iterator[harne
             for key in [k for k in os.environ if k.startswith("CORTEX_")]:
                 del os.environ[key]
             os.environ.update(saved)
-            _clear_caches()
-            # The job-end listener (a daemon thread of `runtime.get_job_ends`, without a stop)
-            # would log its reconnects to the stopped Redis until the process exits.
-            logging.getLogger(job_ends.__name__).disabled = True
-
-
-def _clear_caches() -> None:
-    for cached in (runtime.get_job_ends, runtime.get_registry, runtime.get_store, get_settings):
-        cached.cache_clear()
+            runtime.reset()
