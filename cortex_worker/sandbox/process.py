@@ -216,8 +216,10 @@ def run_sandboxed(
     env: Mapping[str, str] | None = None,
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     isolation: Isolation | None = None,
+    finished: Callable[[bytes], bool] | None = None,
 ) -> SandboxResult:
     """Run `argv` (never through a shell) in `cwd` and return its exit status and output.
+    `finished`: see `supervise`.
 
     With `isolation` it runs in namespaces of its own (cortex_worker/sandbox/isolation.py):
     its own processes only, a read-only filesystem but for the workspace, no network.
@@ -257,7 +259,7 @@ def run_sandboxed(
     except subprocess.SubprocessError as exc:  # raised in preexec_fn (rlimits, user switch)
         raise SandboxError(f"cannot start {argv[0]!r} in the sandbox: {exc}") from exc
     return supervise(_Child(proc), stdin=stdin, started=started, timeout=timeout,
-                     max_output_bytes=max_output_bytes)
+                     max_output_bytes=max_output_bytes, finished=finished)
 
 
 def checked_cwd(cwd: Path, timeout: float) -> Path:
@@ -288,6 +290,9 @@ class Leader(Protocol):
     def wait(self) -> int:
         """Reap the leader (its group was killed first) and return its returncode."""
 
+    def release(self) -> None:
+        """Have the leader (its group was killed first) reaped without waiting for it."""
+
 
 class _Child:
     """A process started here with Popen: a pidfd or waitid(WNOWAIT) sees it exit unreaped."""
@@ -313,19 +318,32 @@ class _Child:
     def wait(self) -> int:
         return self.proc.wait()
 
+    def release(self) -> None:
+        threading.Thread(target=self.proc.wait, name="cortex-reap", daemon=True).start()
+
 
 def supervise(leader: Leader, *, stdin: bytes | None, started: float, timeout: float,
-              max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> SandboxResult:
+              max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+              finished: Callable[[bytes], bool] | None = None) -> SandboxResult:
     """Feed and drain a started sandbox until it exits or times out, kill its group, reap it:
-    the one place that does, whichever way the sandbox was started (Popen or warm runner)."""
+    the one place that does, whichever way the sandbox was started (Popen or warm runner).
+
+    `finished(stdout)`: whether output that ended (EOF on stdout and stderr: the tool process
+    is gone) is a complete answer. Then the call ends without waiting for the sandbox's
+    other processes to exit one after the other: its group is killed as at any end, its
+    reaping is left to `leader.release()`, and its returncode is 0."""
     with _live_lock:
         _live.add(leader.pid)
+    capture = _Capture(leader, stdin, started + timeout, max_output_bytes, finished)
     try:
-        capture = _Capture(leader, stdin, started + timeout, max_output_bytes)
         capture.run()
     finally:
         _kill_group(leader.pid)  # the leader is not reaped yet, so the pgid cannot be reused
-        returncode = leader.wait()
+        if capture.finished:
+            leader.release()
+            returncode = 0
+        else:
+            returncode = leader.wait()
         with _live_lock:
             _live.discard(leader.pid)
             shutdown = leader.pid in _shutdown_killed
@@ -366,8 +384,11 @@ def _killed_by(returncode: int, timed_out: bool, shutdown: bool) -> str | None:
 class _Capture:
     """One select loop: feed stdin, drain stdout/stderr, notice the leader's exit or timeout."""
 
-    def __init__(self, proc: Leader, stdin: bytes | None, deadline: float, cap: int) -> None:
+    def __init__(self, proc: Leader, stdin: bytes | None, deadline: float, cap: int,
+                 finished: Callable[[bytes], bool] | None = None) -> None:
         self.proc = proc
+        self.is_answer = finished
+        self.finished = False  # the output ended as a complete answer (see `supervise`)
         self.stdin = memoryview(stdin) if stdin is not None else None
         self.deadline = deadline
         self.cap = cap
@@ -421,6 +442,10 @@ class _Capture:
         while True:
             streams = [k for k in sel.get_map().values() if k.data in ("out", "err", "in")]
             if not streams and self.exited:
+                return
+            if (self.is_answer is not None and not self.exited and not self.timed_out
+                    and not any(k.data != "in" for k in streams) and self.is_answer(bytes(self.out))):
+                self.finished = True
                 return
             now = time.monotonic()
             if not self.exited and now >= self.deadline and not self.timed_out:

@@ -51,6 +51,7 @@ from cortex_worker.sandbox.process import (
     sandbox_env,
     supervise,
 )
+from cortex_worker.sandbox.runner import parse_last_line
 from cortex_worker.tools.spec import Limits
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,9 @@ class _Call:
         self.sock.close()
         # no reply: the zygote died, and its children with it (PR_SET_PDEATHSIG)
         return int(json.loads(reply)["returncode"]) if reply else -signal.SIGKILL
+
+    def release(self) -> None:
+        self.sock.close()  # the zygote kills the group if need be, and reaps it
 
 
 class _Zygote:
@@ -213,14 +217,21 @@ def run_warm(
         result = None
         try:
             result = supervise(call, stdin=stdin, started=started, timeout=timeout,
-                               max_output_bytes=max_output_bytes)
+                               max_output_bytes=max_output_bytes, finished=_answered)
         finally:
             if result is None or result.killed_by is not None or result.timed_out \
                     or server.calls >= RECYCLE_AFTER:
                 _retire(key, server)
         return result
     return run_sandboxed(argv, stdin=stdin, cwd=cwd, timeout=timeout, limits=limits, env=env,
-                         max_output_bytes=max_output_bytes, isolation=isolation)
+                         max_output_bytes=max_output_bytes, isolation=isolation,
+                         finished=_answered)
+
+
+def _answered(stdout: bytes) -> bool:
+    """Whether a runner's output holds its result line: the call is over once it also
+    closed its output (its init and relay then exit on their own time)."""
+    return parse_last_line(stdout) is not None
 
 
 def _zygote_for(key: Key, timeout: float) -> _Zygote | None:

@@ -24,7 +24,8 @@ Protocol, over SOCK_SEQPACKET sockets, one JSON object a message:
 - call socket, zygote to worker: `{"pid": P}` once the call has a process, `{"returncode": R}`
   once that exited. The zygote reaps it only when the worker closes the call socket, after
   killing its process group: until then the group id cannot be reused. A call socket closed
-  before the process exited (the worker died) kills the process group first.
+  before the process exited (the worker has the call's answer, or it died) has the zygote
+  kill the process group and reap it once it exited.
 
 The zygote exits when the control socket closes (the worker retired it or died) and its calls
 have ended, or after IDLE_S without calls. Its children die with it (PR_SET_PDEATHSIG).
@@ -139,7 +140,7 @@ class _Server:
         self.sel = selectors.DefaultSelector()
         self.sel.register(control, selectors.EVENT_READ, ("request", 0))
         self.open = True
-        self.calls: dict[int, tuple[socket.socket, int | None]] = {}  # pid: call socket, pidfd
+        self.calls: dict[int, tuple[socket.socket | None, int | None]] = {}  # pid: call socket, pidfd
         self.spare: _Spare | None = None
 
     def serve(self) -> None:
@@ -228,6 +229,10 @@ class _Server:
         assert pidfd is not None
         self.sel.unregister(pidfd)
         os.close(pidfd)
+        if call is None:  # the worker is done with it already (see `_done`)
+            del self.calls[pid]
+            os.waitpid(pid, 0)
+            return
         self.calls[pid] = (call, None)
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         code = 0 if info is None else info.si_status
@@ -235,14 +240,19 @@ class _Server:
         _send(call, {"returncode": -code if killed else code})
 
     def _done(self, pid: int) -> None:
-        call, pidfd = self.calls.pop(pid)
+        """The worker closed the call socket: after the exit was reported, reap the process;
+        before (the worker has the call's answer, or it went away), kill its group and reap
+        it once it has exited, without holding up the next call."""
+        call, pidfd = self.calls[pid]
+        assert call is not None
         self.sel.unregister(call)
         call.close()
-        if pidfd is not None:  # still running: the worker went away
-            self.sel.unregister(pidfd)
-            os.close(pidfd)
+        if pidfd is None:
+            del self.calls[pid]
+            os.waitpid(pid, 0)
+        else:
             os.killpg(pid, signal.SIGKILL)  # not reaped yet: the group id is still its own
-        os.waitpid(pid, 0)
+            self.calls[pid] = (None, pidfd)
 
 
 def _drop(spare: _Spare, *, reaped: bool) -> None:

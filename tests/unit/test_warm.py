@@ -177,6 +177,50 @@ def test_a_timeout_kills_the_call_and_everything_it_started(root: Path, isolated
     assert live_groups() == frozenset()
 
 
+@pytest.mark.parametrize("cold", [False, True])
+@needs_namespaces
+def test_an_answered_call_returns_at_once_and_its_sandbox_is_still_killed_and_reaped(
+        root: Path, cold: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The call ends when the runner's answer is out (its init and relay exit later): what
+    the tool left behind dies all the same, and every process of the call is reaped."""
+    env = {"WARM_TOOLS_CASE": f"detach-{cold}"}  # a zygote of its own
+    if cold:
+        monkeypatch.setitem(warm._cold, warm_key("detach", env), "this test runs it cold")
+    marker = f"cortex-warm-detach-{os.getpid()}-{time.monotonic_ns()}"
+    before = _zombies()  # earlier tests' retired zygotes, say
+    res = run("detach", {"marker": marker}, cwd=root / "job-a", isolation=iso(root), env=env)
+    assert (result(res), res.returncode, res.killed_by) == ("done", 0, None)
+    assert live_groups() == frozenset()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (_with_marker(marker) or _zombies() - before):
+        time.sleep(0.02)
+    assert _with_marker(marker) == [] and _zombies() - before == set()
+
+
+def warm_key(function: str, env: dict[str, str]) -> warm.Key:
+    """The zygote key `run` uses for `warm_tools:function` with `env`."""
+    return ((sys.executable, "-P", "-s", "-m", "warm_tools"), tuple(sorted({**ENV, **env}.items())))
+
+
+def _with_marker(marker: str) -> list[str]:
+    return [p for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, marker)
+            and not gone(int(p), 0)]
+
+
+def _zombies() -> set[int]:
+    """Zombie processes whose parent is this process or one of its zygotes."""
+    parents = {os.getpid(), *(z.proc.pid for z in [*warm._zygotes.values(), *warm._retired])}
+    found = set()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and int(fields[1]) in parents:
+            found.add(int(pid))
+    return found
+
+
 def _cmdline_has(pid: str, marker: str) -> bool:
     try:
         return marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
