@@ -1,6 +1,7 @@
 """What every HTTP model provider shares: the client, errors, Server-Sent Events, retries.
 
-* `shared_client()` / `close_shared_client()`: one process-wide `httpx.Client`.
+* `shared_client()` / `close_shared_client()`: one process-wide `httpx.Client` (over
+  `http11.Http11Transport` unless the environment names a proxy).
 * `stream_with_retries(config, url, body=, headers=, parse=)`: POST `body` and yield the
   pieces `parse(url, response)` reads from the response. Connection errors, timeouts, 408,
   429 and 5xx (Anthropic's 529 "overloaded" included) are retried up to `config.max_retries`
@@ -22,12 +23,14 @@ import json
 import random
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 
 from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.http11 import Http11Transport
 from cortex_worker.llm.stream import ModelError, Piece, TextDelta
 
 __all__ = [
@@ -55,12 +58,16 @@ _sleep = time.sleep  # tests may replace it
 
 
 def shared_client() -> httpx.Client:
-    """The process-wide HTTP client (thread-safe, created on first use)."""
+    """The process-wide HTTP client (thread-safe, created on first use): model streams go
+    through `Http11Transport` (far less CPU per token), or through httpx's own transport
+    where the environment names a proxy (which only that one honours)."""
     global _client
     with _client_lock:
         if _client is None or _client.is_closed:
+            proxied = any(urllib.request.getproxies().get(s) for s in ("http", "https", "all"))
             _client = httpx.Client(
                 limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+                transport=None if proxied else Http11Transport(max_idle=50),
                 follow_redirects=False,
             )
         return _client

@@ -208,15 +208,17 @@ def _with_marker(marker: str) -> list[str]:
 
 
 def _zombies() -> set[int]:
-    """Zombie processes whose parent is this process or one of its zygotes."""
-    parents = {os.getpid(), *(z.proc.pid for z in [*warm._zygotes.values(), *warm._retired])}
+    """Zombie processes whose parent is this process or one of its zygotes (not counting
+    zygotes that exited: a retired one is reaped at the next call)."""
+    zygotes = {z.proc.pid for z in [*warm._zygotes.values(), *warm._retired]}
+    parents = {os.getpid(), *zygotes}
     found = set()
     for pid in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if fields[0] == "Z" and int(fields[1]) in parents:
+        if fields[0] == "Z" and int(fields[1]) in parents and int(pid) not in zygotes:
             found.add(int(pid))
     return found
 
