@@ -195,11 +195,13 @@ def peak_overlap(intervals: list[tuple[float, float]]) -> tuple[int, float]:
     return best, when
 
 
-def worker_args(mode: str, prefork_concurrency: int, gevent_concurrency: int) -> list[str]:
+def worker_args(mode: str, prefork_concurrency: int, gevent_concurrency: int,
+                threads: int | None = None) -> list[str]:
     common = ["--loglevel=INFO", "--without-gossip", "--without-mingle"]
     celery = str(Path(sys.executable).parent / "celery")
     if mode == "threads":
-        return [*harness.cortex_command(), "worker", "--pool", "agent"]
+        slots = [] if threads is None else ["--concurrency", str(threads)]
+        return [*harness.cortex_command(), "worker", "--pool", "agent", *slots]
     if mode == "prefork":
         return [celery, "-A", "cortex_worker.app", "worker", "-Q", "agent", "-n",
                 "agent-prefork@%h", "--pool", "prefork", f"--concurrency={prefork_concurrency}",
@@ -212,7 +214,8 @@ def run_mode(stack: Stack, mode: str, args: argparse.Namespace,
              offset: float) -> dict[str, Any]:
     assert stack.llm is not None and stack.redis_server is not None
     assert stack.redis_server.process is not None
-    proc = harness.Process(worker_args(mode, args.prefork_concurrency, args.jobs),
+    proc = harness.Process(worker_args(mode, args.prefork_concurrency, args.jobs,
+                                       args.threads_concurrency),
                            name=f"worker-agent-{mode}", env=stack.env, cwd=stack.workdir,
                            log_dir=stack.log_dir)
     try:
@@ -220,7 +223,8 @@ def run_mode(stack: Stack, mode: str, args: argparse.Namespace,
         time.sleep(1.0)
         sampler = Sampler(proc, {"redis": stack.redis_server.process.pid})
         ready = sampler.sample()
-        slots = {"threads": 100, "prefork": args.prefork_concurrency}.get(mode, args.jobs)
+        slots = {"threads": args.threads_concurrency or 100,
+                 "prefork": args.prefork_concurrency}.get(mode, args.jobs)
 
         # Warm-up: one short job per slot, at once, so that every pool process and thread has
         # loaded the registry, its clients and imports before the measured batch.
@@ -390,6 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--modes", default="threads,prefork,gevent",
                         help="comma-separated: threads, prefork, gevent, eventlet")
     parser.add_argument("--prefork-concurrency", type=int, default=4)
+    parser.add_argument("--threads-concurrency", type=int, default=None,
+                        help="`cortex worker --pool agent --concurrency N` (default: as shipped, 100)")
     parser.add_argument("--token-cost", action="store_true",
                         help="also time the CPU per streamed token of the turn's steps, in "
                              "this process (use --modes '' for this alone)")
@@ -449,10 +455,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def report(results: list[dict[str, Any]]) -> None:
-    labels = {"threads": "cortex worker --pool agent (threads x100)",
-              "prefork": "celery ... --pool prefork"}
-    rows = [("measure", *[labels.get(r["mode"], r["mode"]) + (
-        f" x{r['slots']}" if r["mode"] == "prefork" else "") for r in results])]
+    labels = {"threads": "cortex worker --pool agent (threads x{slots})",
+              "prefork": "celery ... --pool prefork x{slots}"}
+    rows = [("measure", *[labels.get(r["mode"], r["mode"]).format(slots=r["slots"])
+                          for r in results])]
 
     def add(name: str, fmt: str, key: str) -> None:
         rows.append((name, *[fmt.format(r[key]) for r in results]))
