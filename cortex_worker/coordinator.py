@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import cache
@@ -38,7 +39,7 @@ from cortex_worker.llm.gateway import open_stream
 from cortex_worker.llm.grammar import Grammar, build_grammar
 from cortex_worker.llm.stream import (
     ModelError,
-    TextDelta,
+    Piece,
     ToolCall,
     Usage,
     protocol_id,
@@ -56,7 +57,8 @@ from cortex_worker.store import Store, dumps
 log = logging.getLogger(__name__)
 
 MAX_REMINDERS = 3
-STATUS_CHECK_S = 1.0  # how often a streaming turn looks at its job's status (job_ends pushes ends)
+STATUS_CHECK_S = 5.0  # how often a streaming turn looks at its job's status and renews its lease
+#                      (a backstop: job_ends pushes ends; the wall time is checked at every token)
 TURN_RESTARTS = 1  # times a turn is generated again after its stream broke mid-output
 FLUSH_S = 0.05  # the most a thought or response chunk waits before it is logged
 TURN_LEASE_S = 30.0  # a turn whose owner has not renewed it this long may be taken over
@@ -239,6 +241,52 @@ def _tool_content(result: dict[str, Any] | None, limit: int) -> str:
     return body if result["status"] == "ok" else f"{result['status']}: {body}"
 
 
+class _Reading:
+    """One generation's stream through the parser. `take` runs in the process's stream
+    reader thread (`llm/reader.py`), one piece at a time: it logs text as chunks and hands the
+    turn's thread only what needs it (an action to register, a look at the job's status), so
+    that thread does not wake for every token."""
+
+    def __init__(self, store: Store, job_id: str, job: JobRecord, agent: AgentSpec,
+                 planner: StreamPlanner, depth: int, model: ModelConfig, names: dict[str, str],
+                 job_ended: threading.Event) -> None:
+        self.store, self.job_id, self.agent, self.planner = store, job_id, agent, planner
+        self.depth, self.model, self.names, self.job_ended = depth, model, names, job_ended
+        self.state = _Turn()
+        self.parser = p.StreamParser(known_ids=set(planner.ids),
+                                     first_action_number=len(planner.ids) + 1)
+        self.text: list[str] = []
+        self.usage: Usage | None = None
+        self.deltas = 0
+        self.wall_ends = job.begun_at + agent.max_wall_time_s  # time.time()
+        self.check_at = 0.0
+        self.next_check()
+
+    def next_check(self) -> None:
+        """When the turn's thread next looks at the job: in STATUS_CHECK_S, or when its wall
+        time runs out if that is sooner."""
+        now = time.monotonic()
+        self.check_at = now + min(STATUS_CHECK_S, self.wall_ends - time.time())
+
+    def take(self, piece: Piece) -> list[p.ParseEvent] | None:
+        if self.job_ended.is_set():  # cancelled, or ended elsewhere: stop at once
+            return []
+        if isinstance(piece, Usage):
+            self.usage = piece
+            return None
+        self.deltas += 1
+        if isinstance(piece, ToolCall):
+            chunk = tool_call_to_protocol(dataclasses.replace(  # its tool's own name
+                piece, name=self.names.get(piece.name, piece.name)))
+            self.state.native.append((piece, chunk))  # as the model wrote it
+        else:
+            chunk = piece.text
+        self.text.append(chunk)
+        rest = _handle(self.store, self.job_id, self.agent, self.planner,
+                       self.parser.feed(chunk), self.state, self.depth, self.model, here=False)
+        return [] if rest is None and time.monotonic() >= self.check_at else rest
+
+
 def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
               finished: list[str], restarted: bool = False) -> _Turn | None:
     messages, fresh = _prompt(store, job_id, job, agent, turn, finished)
@@ -253,46 +301,30 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     depth = job.depth
     with get_job_ends().watch(job_id) as job_ended:
         for restart in range(TURN_RESTARTS + 1):
-            state = _Turn()
-            parser = p.StreamParser(known_ids=set(planner.ids),
-                                    first_action_number=len(planner.ids) + 1)
-            text: list[str] = []
-            usage: Usage | None = None
-            deltas = 0
+            reading = _Reading(store, job_id, job, agent, planner, depth, model, names, job_ended)
+            state = reading.state
             if _stop_reason(store, job_id, agent, job):  # ended before the stream opened?
                 state.ended = True
                 break
             stream = open_stream(model, messages, tools=tools, base_dir=get_settings().manifests,
-                                 grammar=grammar)
-            check_at = time.monotonic() + STATUS_CHECK_S
+                                 grammar=grammar, take=reading.take)
             try:
-                for piece in stream:
-                    if job_ended.is_set():  # cancelled, or ended elsewhere: stop at once
+                for events in stream:  # only when this thread has something to do
+                    if job_ended.is_set():
                         state.ended = True
                         break
-                    if time.monotonic() >= check_at:  # out of time, or a missed end?
-                        check_at = time.monotonic() + STATUS_CHECK_S
+                    if time.monotonic() >= reading.check_at:  # out of time, or a missed end?
+                        reading.next_check()
                         if _stop_reason(store, job_id, agent, job, renew=True):
                             state.ended = True
                             break
-                    if isinstance(piece, Usage):
-                        usage = piece
-                        continue
-                    deltas += 1
-                    chunk = piece.text if isinstance(piece, TextDelta) else \
-                        tool_call_to_protocol(dataclasses.replace(  # its tool's own name
-                            piece, name=names.get(piece.name, piece.name))) \
-                        if isinstance(piece, ToolCall) else ""
-                    if isinstance(piece, ToolCall):
-                        state.native.append((piece, chunk))  # as the model wrote it
-                    text.append(chunk)
-                    _handle(store, job_id, agent, planner, parser.feed(chunk), state, depth, model)
+                    _handle(store, job_id, agent, planner, events, state, depth, model)
                     if state.stopped_at is not None or state.ended:
                         break
             except ModelError as exc:
                 # A failure before the first piece was retried by the gateway (max_retries);
                 # a stream that broke after output arrived restarts the turn, TURN_RESTARTS times.
-                if deltas and exc.retryable and state.actions == 0 and restart < TURN_RESTARTS:
+                if reading.deltas and exc.retryable and state.actions == 0 and restart < TURN_RESTARTS:
                     _flush(store, job_id, state)
                     store.emit(job_id, [("warning", {
                         "kind": "model_retry",
@@ -307,6 +339,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
                 if close:
                     close()
             break
+    parser, text, usage, deltas = reading.parser, reading.text, reading.usage, reading.deltas
     if state.ended:
         _flush(store, job_id, state)
         reason = _stop_reason(store, job_id, agent, job)
@@ -389,11 +422,14 @@ def estimate_usage(messages: list[dict[str, Any]], deltas: int) -> Usage:
 
 
 def _handle(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
-            events: list[p.ParseEvent], state: _Turn, depth: int, model: ModelConfig) -> None:
-    """Log parse events in order; register and dispatch each action as it closes."""
-    for event in events:
+            events: list[p.ParseEvent], state: _Turn, depth: int, model: ModelConfig, *,
+            here: bool = True) -> list[p.ParseEvent] | None:
+    """Log parse events in order; register and dispatch each action as it closes. Outside
+    the turn's thread (not `here`), stop at an action: the events from it on are returned,
+    for the turn's thread (registering an action talks to Redis)."""
+    for index, event in enumerate(events):
         if state.stopped_at is not None:
-            return
+            return None
         if event.type == p.TEXT:
             state.plain.append(event.data["text"])
         elif event.type != p.WARNING:
@@ -402,6 +438,9 @@ def _handle(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
             state.responses.append({"final": event.data["final"], "text": event.data["text"]})
             state.final = state.final or event.data["final"]
         elif event.type == p.ACTION_PARSED:
+            if not here:
+                _flush(store, job_id, state, force=False)
+                return events[index:]
             action: Action = event.data["action"]
             cap = min(agent.max_actions, get_settings().max_actions_per_job)
             if len(planner.ids) >= cap:
@@ -412,7 +451,7 @@ def _handle(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
             _flush(store, job_id, state)
             if not _start_action(store, job_id, agent, planner, action, depth, model):
                 state.ended = True  # the job ended: nothing more is registered or sent
-                return
+                return None
             state.actions += 1
             if action.mode.value == "sync":
                 state.stopped_at = event.data["end"]
@@ -421,6 +460,7 @@ def _handle(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
                 state.errors.append(event.data)
             state.batch.append((event.type, event.data))
     _flush(store, job_id, state, force=False)
+    return None
 
 
 def _flush(store: Store, job_id: str, state: _Turn, *, force: bool = True) -> None:

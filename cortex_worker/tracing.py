@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
     from cortex_worker.llm.config import ModelConfig
+    from cortex_worker.llm.sse import T, Take
     from cortex_worker.llm.stream import Piece
 
 log = logging.getLogger(__name__)
@@ -158,14 +159,17 @@ def record_job(job_id: str, started_at: float | None, status: str,
     root.end()
 
 
-def model_stream(config: ModelConfig, pieces: Iterator[Piece]) -> Iterator[Piece]:
-    """`pieces` inside a GenAI client span `chat <model>` with the usage it reports."""
+def model_stream(config: ModelConfig, start: Callable[[Take[T]], Iterator[T]],
+                 take: Take[T]) -> Iterator[T]:
+    """`start(take)` (a model stream whose pieces go to `take`) inside a GenAI client span
+    `chat <model>` with the usage it reports."""
     if _tracer is None:
-        return pieces
-    return _model_stream(_tracer, config, pieces)
+        return start(take)
+    return _model_stream(_tracer, config, start, take)
 
 
-def _model_stream(tracer: Tracer, config: ModelConfig, pieces: Iterator[Piece]) -> Iterator[Piece]:
+def _model_stream(tracer: Tracer, config: ModelConfig, start: Callable[[Take[T]], Iterator[T]],
+                  take: Take[T]) -> Iterator[T]:
     from opentelemetry.trace import SpanKind, Status, StatusCode
 
     from cortex_worker.llm.stream import ModelError, Usage
@@ -180,20 +184,20 @@ def _model_stream(tracer: Tracer, config: ModelConfig, pieces: Iterator[Piece]) 
     # a turn dispatches belong to the turn, not to the model call)
     current = tracer.start_span(f"chat {config.model}", kind=SpanKind.CLIENT,
                                 attributes=attributes)
+
+    def observed(piece: Piece) -> T | None:  # in whichever thread reads the stream
+        if isinstance(piece, Usage):
+            current.set_attribute("gen_ai.usage.input_tokens", piece.prompt_tokens)
+            current.set_attribute("gen_ai.usage.output_tokens", piece.completion_tokens)
+        return take(piece)
+
     try:
-        for piece in pieces:
-            if isinstance(piece, Usage):
-                current.set_attribute("gen_ai.usage.input_tokens", piece.prompt_tokens)
-                current.set_attribute("gen_ai.usage.output_tokens", piece.completion_tokens)
-            yield piece
+        yield from start(observed)  # closing this generator closes the stream
     except ModelError as exc:
         current.set_status(Status(StatusCode.ERROR, str(exc)))
         current.set_attribute("error.type", "ModelError")
         raise
     finally:
-        close = getattr(pieces, "close", None)
-        if close is not None:
-            close()
         current.end()
 
 

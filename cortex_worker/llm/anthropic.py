@@ -42,9 +42,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
+from pydantic_core import from_json
 
 from cortex_worker.llm import transport
 from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.sse import T, Take, decode_lines, hand_over
 from cortex_worker.llm.stream import ModelError, Piece, TextDelta, ToolCall, Usage
 
 __all__ = [
@@ -238,66 +240,75 @@ def _stream_error(url: str, error: Any) -> ModelError:
                       status=status)
 
 
-def _parse_events(url: str, lines: Iterator[str]) -> Iterator[Piece]:
+class MessagesDecoder:
+    """The pieces of a Messages stream, one server-sent event at a time
+    (`transport.Decoder`)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.tool_blocks: dict[Any, dict[str, Any]] = {}  # block index -> tool_use being written
+        self.usage = _Usage()
+        self.finished = False  # the message's stop_reason (message_delta) or message_stop
+        self.done = False  # message_stop
+
+    def event(self, name: str, data: str) -> list[Piece]:
+        try:
+            payload = from_json(data)
+        except ValueError:
+            raise ModelError(f"model endpoint {self.url} sent an event that is not JSON: "
+                             f"{data[:200]!r}", retryable=True) from None
+        if not isinstance(payload, dict):
+            return []
+        kind = payload.get("type", name)
+        if kind == "content_block_delta":
+            delta = payload.get("delta") or {}
+            if delta.get("type") == "text_delta" and delta.get("text"):
+                return [TextDelta(str(delta["text"]))]
+            if delta.get("type") == "input_json_delta":
+                tool = self.tool_blocks.get(payload.get("index"))
+                if tool is not None and isinstance(delta.get("partial_json"), str):
+                    tool["parts"].append(delta["partial_json"])
+            # thinking, signature and citations deltas are not protocol text
+        elif kind == "message_start":
+            self.usage.update((payload.get("message") or {}).get("usage"))
+        elif kind == "content_block_start":
+            block = payload.get("content_block") or {}
+            if block.get("type") == "tool_use":
+                self.tool_blocks[payload.get("index")] = {
+                    "id": str(block.get("id") or ""), "name": str(block.get("name") or ""),
+                    "input": block.get("input"), "parts": []}
+            elif block.get("type") == "text" and block.get("text"):
+                return [TextDelta(str(block["text"]))]
+        elif kind == "content_block_stop":
+            index = payload.get("index")
+            if index in self.tool_blocks:
+                return [_tool_call(index, self.tool_blocks.pop(index))]
+        elif kind == "message_delta":
+            self.usage.update(payload.get("usage"))
+            if (payload.get("delta") or {}).get("stop_reason"):
+                self.finished = True
+        elif kind == "message_stop":
+            self.finished = self.done = True
+        elif kind == "error":
+            raise _stream_error(self.url, payload.get("error"))
+        # `ping` and event types added later are ignored, as Anthropic asks
+        return []
+
+    def end(self) -> list[Piece]:
+        if not self.finished:
+            raise ModelError(f"model endpoint {self.url} ended the stream before the message "
+                             "finished (no stop_reason and no message_stop)", retryable=True)
+        pieces: list[Piece] = [_tool_call(index, self.tool_blocks.pop(index))
+                               for index in list(self.tool_blocks)]  # cut by max_tokens
+        usage = self.usage.piece()
+        if usage:
+            pieces.append(usage)
+        return pieces
+
+
+def _parse_events(url: str, lines: Iterable[str]) -> Iterator[Piece]:
     """Pieces from the SSE lines of a Messages stream."""
-    tool_blocks: dict[Any, dict[str, Any]] = {}  # content block index -> tool_use being written
-    usage = _Usage()
-    finished = False  # the message's stop_reason (message_delta) or message_stop was seen
-    try:
-        for event, data in transport.sse_events(lines):
-            try:
-                payload = json.loads(data)
-            except ValueError:
-                raise ModelError(f"model endpoint {url} sent an event that is not JSON: "
-                                 f"{data[:200]!r}", retryable=True) from None
-            if not isinstance(payload, dict):
-                continue
-            kind = payload.get("type", event)
-            if kind == "message_start":
-                usage.update((payload.get("message") or {}).get("usage"))
-            elif kind == "content_block_start":
-                block = payload.get("content_block") or {}
-                if block.get("type") == "tool_use":
-                    tool_blocks[payload.get("index")] = {
-                        "id": str(block.get("id") or ""), "name": str(block.get("name") or ""),
-                        "input": block.get("input"), "parts": []}
-                elif block.get("type") == "text" and block.get("text"):
-                    yield TextDelta(str(block["text"]))
-            elif kind == "content_block_delta":
-                delta = payload.get("delta") or {}
-                if delta.get("type") == "text_delta" and delta.get("text"):
-                    yield TextDelta(str(delta["text"]))
-                elif delta.get("type") == "input_json_delta":
-                    tool = tool_blocks.get(payload.get("index"))
-                    if tool is not None and isinstance(delta.get("partial_json"), str):
-                        tool["parts"].append(delta["partial_json"])
-                # thinking, signature and citations deltas are not protocol text
-            elif kind == "content_block_stop":
-                index = payload.get("index")
-                if index in tool_blocks:
-                    yield _tool_call(index, tool_blocks.pop(index))
-            elif kind == "message_delta":
-                usage.update(payload.get("usage"))
-                if (payload.get("delta") or {}).get("stop_reason"):
-                    finished = True
-            elif kind == "message_stop":
-                finished = True
-                break
-            elif kind == "error":
-                raise _stream_error(url, payload.get("error"))
-            # `ping` and event types added later are ignored, as Anthropic asks
-    except httpx.HTTPError:
-        if not finished:
-            raise
-        # The message was whole (its stop_reason seen); only message_stop is lost.
-    if not finished:
-        raise ModelError(f"model endpoint {url} ended the stream before the message finished "
-                         "(no stop_reason and no message_stop)", retryable=True)
-    for index in list(tool_blocks):  # a tool_use never stopped: cut by max_tokens
-        yield _tool_call(index, tool_blocks.pop(index))
-    piece = usage.piece()
-    if piece:
-        yield piece
+    return decode_lines(MessagesDecoder(url), lines)
 
 
 def _parse_whole(url: str, raw: bytes) -> Iterator[Piece]:
@@ -326,24 +337,21 @@ def _parse_whole(url: str, raw: bytes) -> Iterator[Piece]:
         yield piece
 
 
-def _parse(url: str, response: httpx.Response) -> Iterator[Piece]:
-    if response.headers.get("content-type", "").startswith("application/json"):
-        return _parse_whole(url, response.read())
-    return _parse_events(url, response.iter_lines())
-
-
 def stream_messages(
     config: ModelConfig,
     messages: list[dict[str, Any]],
     *,
     tools: list[dict[str, Any]] | None = None,
     client: httpx.Client | None = None,
-) -> Iterator[Piece]:
-    """Stream one message: `TextDelta`s, each `ToolCall` at the end of its block, `Usage` last.
+    take: Take[T] = hand_over,
+) -> Iterator[T]:
+    """Stream one message: `TextDelta`s, each `ToolCall` at the end of its block, `Usage` last,
+    each given to `take` (by default yielded as they are; see `gateway.open_stream`).
 
     Raises `ModelError`. Closing the generator closes the HTTP response.
     """
     url = transport.model_url(config, "/messages")
     body = _request_body(config, messages, tools)
-    yield from transport.stream_with_retries(config, url, body=body, headers=_headers(config),
-                                             parse=_parse, client=client)
+    yield from transport.stream_with_retries(
+        config, url, body=body, headers=_headers(config), decoder=MessagesDecoder,
+        whole=_parse_whole, take=take, client=client)

@@ -20,11 +20,12 @@ provider table.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic_core import from_json
 
 from cortex_worker import tracing
 from cortex_worker.llm import transport
@@ -32,6 +33,7 @@ from cortex_worker.llm.anthropic import stream_messages
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.grammar import Grammar, request_fields
 from cortex_worker.llm.replay import replay_stream
+from cortex_worker.llm.sse import T, Take, decode_lines, hand_over, taken
 from cortex_worker.llm.stream import ModelError, Piece, TextDelta, ToolCall, Usage
 from cortex_worker.llm.transport import close_shared_client, shared_client
 
@@ -114,51 +116,60 @@ class _ToolCallBuffer:
         return calls
 
 
-def _parse_stream(url: str, lines: Iterator[str]) -> Iterator[Piece]:
-    """Pieces from the SSE lines of a chat.completion.chunk stream."""
-    calls = _ToolCallBuffer()
-    finished = False
-    try:
-        for _, data in transport.sse_events(lines):
-            if data.strip() == "[DONE]":
-                finished = True
-                break
-            try:
-                chunk = json.loads(data)
-            except ValueError:
-                raise ModelError(f"model endpoint {url} sent an event that is not JSON: "
-                                 f"{data[:200]!r}", retryable=True) from None
-            if not isinstance(chunk, dict):
+class ChatDecoder:
+    """The pieces of a `chat.completion.chunk` stream, one server-sent event at a time
+    (`transport.Decoder`)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.calls = _ToolCallBuffer()
+        self.finished = self.done = False
+
+    def event(self, name: str, data: str) -> list[Piece]:
+        if data.strip() == "[DONE]":
+            self.finished = self.done = True
+            return []
+        try:
+            chunk = from_json(data)
+        except ValueError:
+            raise ModelError(f"model endpoint {self.url} sent an event that is not JSON: "
+                             f"{data[:200]!r}", retryable=True) from None
+        if not isinstance(chunk, dict):
+            return []
+        if chunk.get("error"):
+            error = chunk["error"]
+            message = error.get("message", error) if isinstance(error, dict) else error
+            raise ModelError(f"model endpoint {self.url} reported an error mid-stream: {message}",
+                             retryable=True)
+        pieces: list[Piece] = []
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            if chunk.get("error"):
-                error = chunk["error"]
-                message = error.get("message", error) if isinstance(error, dict) else error
-                raise ModelError(f"model endpoint {url} reported an error mid-stream: {message}",
-                                 retryable=True)
-            for choice in chunk.get("choices") or []:
-                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                    continue
-                delta = choice.get("delta") or {}
-                content = delta.get("content")
-                if content:
-                    yield TextDelta(content)
-                if delta.get("tool_calls"):
-                    yield from calls.complete_before(delta["tool_calls"])
-                    calls.add(delta["tool_calls"])
-                if choice.get("finish_reason"):
-                    finished = True
-                    yield from calls.flush()
-            usage = _usage(chunk.get("usage"))
-            if usage:
-                yield usage
-    except httpx.HTTPError:
-        if not finished:
-            raise
-        # The completion was whole (finish_reason seen); only the trailer (usage) is lost.
-    if not finished:
-        raise ModelError(f"model endpoint {url} ended the stream before the completion finished "
-                         "(no finish_reason and no [DONE])", retryable=True)
-    yield from calls.flush()
+            delta = choice.get("delta") or {}
+            content = delta.get("content")
+            if content:
+                pieces.append(TextDelta(content))
+            if delta.get("tool_calls"):
+                pieces.extend(self.calls.complete_before(delta["tool_calls"]))
+                self.calls.add(delta["tool_calls"])
+            if choice.get("finish_reason"):
+                self.finished = True
+                pieces.extend(self.calls.flush())
+        usage = _usage(chunk.get("usage"))
+        if usage:
+            pieces.append(usage)
+        return pieces
+
+    def end(self) -> list[Piece]:
+        if not self.finished:
+            raise ModelError(f"model endpoint {self.url} ended the stream before the completion "
+                             "finished (no finish_reason and no [DONE])", retryable=True)
+        return list(self.calls.flush())
+
+
+def _parse_stream(url: str, lines: Iterable[str]) -> Iterator[Piece]:
+    """Pieces from the SSE lines of a chat.completion.chunk stream."""
+    return decode_lines(ChatDecoder(url), lines)
 
 
 def _usage(data: Any) -> Usage | None:
@@ -188,12 +199,6 @@ def _parse_whole(url: str, raw: bytes) -> Iterator[Piece]:
 
 
 # -- public API --------------------------------------------------------------------------------
-def _parse(url: str, response: httpx.Response) -> Iterator[Piece]:
-    if response.headers.get("content-type", "").startswith("application/json"):
-        return _parse_whole(url, response.read())  # a server that ignores `stream: true`
-    return _parse_stream(url, response.iter_lines())
-
-
 def stream_chat(
     config: ModelConfig,
     messages: list[dict[str, Any]],
@@ -201,8 +206,10 @@ def stream_chat(
     tools: list[dict[str, Any]] | None = None,
     client: httpx.Client | None = None,
     grammar: Grammar | None = None,
-) -> Iterator[Piece]:
-    """Stream one chat completion: `TextDelta`s, then complete `ToolCall`s, then `Usage`.
+    take: Take[T] = hand_over,
+) -> Iterator[T]:
+    """Stream one chat completion: `TextDelta`s, then complete `ToolCall`s, then `Usage`,
+    each given to `take` (by default yielded as they are; see `open_stream`).
 
     `grammar` (from `grammar.build_grammar`) constrains the decoding, sent in the request
     fields of the flavour `config.grammar`. Raises `ModelError`. Closing the generator closes
@@ -211,23 +218,25 @@ def stream_chat(
     url = transport.model_url(config, "/chat/completions")
     yield from transport.stream_with_retries(
         config, url, body=_request_body(config, messages, tools, grammar=grammar),
-        headers=_headers(config), parse=_parse, client=client)
+        headers=_headers(config), decoder=ChatDecoder, whole=_parse_whole, take=take,
+        client=client)
 
 
 Provider = Callable[
     [ModelConfig, list[dict[str, Any]], list[dict[str, Any]] | None, httpx.Client | None,
-     str | Path | None, Grammar | None],
-    Iterator[Piece]]
-"""`(config, messages, tools, client, base_dir, grammar) -> stream`: one entry of `PROVIDERS`.
-Only `openai` (OpenAI-compatible engines) constrains decoding; a replay ignores a grammar."""
+     str | Path | None, Grammar | None, Take[Any]],
+    Iterator[Any]]
+"""`(config, messages, tools, client, base_dir, grammar, take) -> what take hands over`: one
+entry of `PROVIDERS`. Only `openai` (OpenAI-compatible engines) constrains decoding; a replay
+ignores a grammar."""
 
 PROVIDERS: dict[str, Provider] = {
-    "openai": lambda config, messages, tools, client, base_dir, grammar: stream_chat(
-        config, messages, tools=tools, client=client, grammar=grammar),
-    "anthropic": lambda config, messages, tools, client, base_dir, grammar: stream_messages(
-        config, messages, tools=tools, client=client),
-    "replay": lambda config, messages, tools, client, base_dir, grammar: replay_stream(
-        config, messages, base_dir=base_dir),
+    "openai": lambda config, messages, tools, client, base_dir, grammar, take: stream_chat(
+        config, messages, tools=tools, client=client, grammar=grammar, take=take),
+    "anthropic": lambda config, messages, tools, client, base_dir, grammar, take: stream_messages(
+        config, messages, tools=tools, client=client, take=take),
+    "replay": lambda config, messages, tools, client, base_dir, grammar, take: taken(
+        replay_stream(config, messages, base_dir=base_dir), take),
 }
 """The stream of each `ModelConfig.provider`."""
 
@@ -240,15 +249,20 @@ def open_stream(
     client: httpx.Client | None = None,
     base_dir: str | Path | None = None,
     grammar: Grammar | None = None,
-) -> Iterator[Piece]:
+    take: Take[T] = hand_over,
+) -> Iterator[T]:
     """A stream from the configured provider (`PROVIDERS`): an OpenAI-compatible endpoint,
     Anthropic's Messages API, or a replayed transcript.
 
-    `base_dir` (the manifests directory) is where a relative replay transcript may live.
-    `grammar`: `build_grammar(agent, registry, config.grammar)`, or None.
+    Each piece (`TextDelta`, `ToolCall`, `Usage`) is given to `take`, in whichever thread
+    reads the stream (`reader.py`), and what `take` returns other than None is yielded here.
+    By default every piece is yielded. `base_dir` (the manifests directory) is where a
+    relative replay transcript may live. `grammar`: `build_grammar(agent, registry,
+    config.grammar)`, or None.
     """
-    return tracing.model_stream(
-        config, PROVIDERS[config.provider](config, messages, tools, client, base_dir, grammar))
+    provider = PROVIDERS[config.provider]
+    return tracing.model_stream(config, lambda observed: provider(
+        config, messages, tools, client, base_dir, grammar, observed), take)
 
 
 def complete(

@@ -51,6 +51,7 @@ class Http11Transport(httpx.BaseTransport):
         body = request.read()
         while True:
             conn, reused = self._checkout(origin, timeouts, request)
+            sock = conn.sock  # the response holds it alone when the server closes after it
             try:
                 response = self._send(conn, request, body, timeouts)
             except _Stale:
@@ -62,10 +63,10 @@ class Http11Transport(httpx.BaseTransport):
             except BaseException:
                 conn.close()
                 raise
+            stream = _Body(self, origin, conn, sock, response, request)
             return httpx.Response(
-                response.status, headers=response.getheaders(),
-                stream=_Body(self, origin, conn, response, request),
-                extensions={"http_version": b"HTTP/1.1",
+                response.status, headers=response.getheaders(), stream=stream,
+                extensions={"http_version": b"HTTP/1.1", "cortex.body": stream,
                             "reason_phrase": response.reason.encode("latin-1", "replace")})
 
     def close(self) -> None:
@@ -157,13 +158,14 @@ class _Stale(Exception):
 
 
 class _Body(httpx.SyncByteStream):
-    """A response body as it arrives (chunked encoding undone); its connection goes back to
-    the pool once the body was read to its end, else it is closed."""
+    """A response body as it arrives (chunked encoding undone), or handed to a reader thread
+    (`detach`, the response's extension `cortex.body`); its connection goes back to the pool
+    once the body was read to its end, else it is closed."""
 
     def __init__(self, transport: Http11Transport, origin: Origin,
-                 conn: http.client.HTTPConnection, response: http.client.HTTPResponse,
-                 request: httpx.Request) -> None:
-        self.transport, self.origin, self.conn = transport, origin, conn
+                 conn: http.client.HTTPConnection, sock: socket.socket | None,
+                 response: http.client.HTTPResponse, request: httpx.Request) -> None:
+        self.transport, self.origin, self.conn, self.sock = transport, origin, conn, sock
         self.response, self.request = response, request
         self.complete = self.closed = False
 
@@ -189,6 +191,25 @@ class _Body(httpx.SyncByteStream):
                 f"{self.response.length} bytes less than Content-Length)", request=self.request)
         self.response.close()  # read to its end: the connection may send the next request
         self.complete = True
+
+    def detach(self) -> tuple[socket.socket, bytes, bool, int | None]:
+        """Hand the body to a reader of its own (`reader.follow`): the non-blocking socket,
+        the bytes read with the head, whether the body is chunked, its Content-Length."""
+        sock, fp = self.sock, self.response.fp
+        assert sock is not None
+        sock.setblocking(False)
+        try:
+            buffered = fp.read1(_READ) or b"" if fp is not None else b""
+        except (BlockingIOError, ssl.SSLWantReadError):
+            buffered = b""
+        return sock, buffered, bool(self.response.chunked), self.response.length
+
+    def reattach(self, *, complete: bool) -> None:
+        """The reader is done: if it read the body to its end, the connection may serve the
+        next request (`close` puts it back in the pool)."""
+        if complete and not self.complete:
+            self.response.close()
+            self.complete = True
 
     def close(self) -> None:
         if self.closed:

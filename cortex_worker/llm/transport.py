@@ -1,16 +1,17 @@
-"""What every HTTP model provider shares: the client, errors, Server-Sent Events, retries.
+"""What every HTTP model provider shares: the client, errors, retries.
 
 * `shared_client()` / `close_shared_client()`: one process-wide `httpx.Client` (over
   `http11.Http11Transport` unless the environment names a proxy).
-* `stream_with_retries(config, url, body=, headers=, parse=)`: POST `body` and yield the
-  pieces `parse(url, response)` reads from the response. Connection errors, timeouts, 408,
+* `stream_with_retries(config, url, body=, headers=, decoder=, whole=, take=)`: POST `body`,
+  read the answer with the provider's `sse.Decoder` (one server-sent event at a time; on the
+  process's reader thread, `reader.py`, when it can follow the connection) and give each piece
+  to `take`; yield what `take` hands back. Connection errors, timeouts, 408,
   429 and 5xx (Anthropic's 529 "overloaded" included) are retried up to `config.max_retries`
   times with exponential backoff (0.25 s base, jitter, `Retry-After` honoured up to 10 s), but
   only while nothing has been yielded. Once the caller has seen a piece, a failure raises
   `ModelError(retryable=True, streamed=<chars>)` and the caller decides. Other 4xx raise
   `ModelError(retryable=False)` with the server's `error.message`. Closing the generator
   closes the HTTP response.
-* `sse_events(lines)`: `(event name, data)` of each server-sent event.
 
 The OpenAI-compatible gateway (`gateway.py`) and the Anthropic Messages provider
 (`anthropic.py`) are both built on it, so their retry rules and error messages are the same.
@@ -25,12 +26,14 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Generic
 
 import httpx
 
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.http11 import Http11Transport
+from cortex_worker.llm.reader import follow
+from cortex_worker.llm.sse import Decoder, T, Take, taken
 from cortex_worker.llm.stream import ModelError, Piece, TextDelta
 
 __all__ = [
@@ -41,7 +44,6 @@ __all__ = [
     "close_shared_client",
     "model_url",
     "shared_client",
-    "sse_events",
     "stream_with_retries",
 ]
 
@@ -49,8 +51,6 @@ BACKOFF_BASE_S = 0.25
 MAX_BACKOFF_S = 10.0
 RETRYABLE_STATUS = frozenset({408, 429})  # and every 5xx (529: Anthropic's "overloaded")
 
-Parser = Callable[[str, httpx.Response], Iterator[Piece]]
-"""Reads the pieces of one successful (2xx) response; raises `ModelError` on a bad stream."""
 
 _client: httpx.Client | None = None
 _client_lock = threading.Lock()
@@ -179,29 +179,19 @@ def transport_error(url: str, exc: httpx.HTTPError, config: ModelConfig) -> Mode
     return ModelError(f"model endpoint {url} {what}", retryable=True)
 
 
-# -- SSE -------------------------------------------------------------------------------------
-def sse_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
-    """`(event, data)` of each server-sent event: the `event:` name ("message" when none) and
-    the `data` (multi-line data joined with newlines). Comments and events without data are
-    skipped."""
-    data: list[str] = []
-    event = "message"
-    for line in lines:
-        if not line:
-            if data:
-                yield event, "\n".join(data)
-            data, event = [], "message"
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if field == "data":
-            data.append(value)
-        elif field == "event":
-            event = value
-    if data:
-        yield event, "\n".join(data)
+class _Counted(Generic[T]):
+    """`take` that counts the pieces it was given and their text (for the retry rules)."""
+
+    __slots__ = ("chars", "pieces", "take")
+
+    def __init__(self, take: Take[T]) -> None:
+        self.take, self.pieces, self.chars = take, 0, 0
+
+    def __call__(self, piece: Piece) -> T | None:
+        self.pieces += 1
+        if isinstance(piece, TextDelta):
+            self.chars += len(piece.text)
+        return self.take(piece)
 
 
 # -- the request loop ------------------------------------------------------------------------
@@ -211,17 +201,22 @@ def stream_with_retries(
     *,
     body: dict[str, Any],
     headers: dict[str, str],
-    parse: Parser,
+    decoder: Callable[[str], Decoder],
+    whole: Callable[[str, bytes], Iterator[Piece]],
+    take: Take[T],
     client: httpx.Client | None = None,
-) -> Iterator[Piece]:
-    """POST `body` to `url` and yield what `parse` reads, retrying as the module says.
+) -> Iterator[T]:
+    """POST `body` to `url`, give each piece of the answer to `take`, and yield what `take`
+    returns (None: nothing), retrying as the module says.
 
-    A 3xx is an error (redirects are not followed: base_url should name the endpoint).
+    A streamed answer is read by `decoder(url)`, on this process's reader thread when the
+    connection is one it can follow (`reader.follow`); a JSON answer (a server that ignores
+    `stream`) by `whole(url, body)`. A 3xx is an error (redirects are not followed: base_url
+    should name the endpoint).
     """
     http = client or shared_client()
     limits = timeout(config)
-    streamed = 0  # characters of text yielded
-    yielded = False  # any piece yielded: from then on, no retry
+    counted = _Counted(take)  # once it has seen a piece, no retry
     attempt = 0
     while True:
         response: httpx.Response | None = None
@@ -230,19 +225,18 @@ def stream_with_retries(
                 if response.status_code >= 300:
                     response.read()
                     raise status_error(config, url, response)
-                for piece in parse(url, response):
-                    yielded = True
-                    if isinstance(piece, TextDelta):
-                        streamed += len(piece.text)
-                    yield piece
+                if response.headers.get("content-type", "").startswith("application/json"):
+                    yield from taken(whole(url, response.read()), counted)
+                else:
+                    yield from follow(response, decoder(url), counted)
             return
         except ModelError as exc:
             error = exc
         except httpx.HTTPError as exc:
             error = transport_error(url, exc, config)
-        error.streamed, error.attempts = streamed, attempt + 1
-        if not error.retryable or yielded or attempt >= config.max_retries:
-            if error.retryable and not yielded:  # a 4xx is final: its count says nothing
+        error.streamed, error.attempts = counted.chars, attempt + 1
+        if not error.retryable or counted.pieces or attempt >= config.max_retries:
+            if error.retryable and not counted.pieces:  # a 4xx is final: its count says nothing
                 error.message += f" ({attempts_note(attempt + 1, config.max_retries)})"
                 error.args = (error.message,)
             raise error

@@ -6,6 +6,7 @@ import pytest
 
 from cortex_worker import tracing
 from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.sse import hand_over
 from cortex_worker.llm.stream import TextDelta
 
 pytestmark = pytest.mark.unit
@@ -18,7 +19,9 @@ def test_without_an_endpoint_nothing_is_set_up_and_nothing_wraps(
     monkeypatch.setattr(tracing, "_configured_pid", None)
     assert tracing.configure("cortex-test") is False and not tracing.enabled()
     pieces = iter([TextDelta("x")])
-    assert tracing.model_stream(ModelConfig(model="m"), pieces) is pieces
+    take = hand_over
+    assert tracing.model_stream(ModelConfig(model="m"), lambda given: given is take and pieces,
+                                take) is pieces  # the stream itself, its take unwrapped
     with tracing.span("turn 1", "job") as current:
         assert current is None
     tracing.record_job("job", None, "completed", {})  # a no-op, not an error
