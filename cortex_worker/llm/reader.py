@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 _READ = 256 * 1024
 _SWEEP_S = 0.25  # how often read deadlines are checked
 _WAIT_S = 1.0  # how often a waiting caller checks that the reader thread is alive
+_HEX = b"0123456789abcdefABCDEF"
 
 
 def follow(response: httpx.Response, decoder: Decoder, take: Take[T]) -> Iterator[T]:
@@ -115,11 +116,11 @@ class _Framing:
                     raise httpx.RemoteProtocolError("malformed chunked body: no CRLF after a chunk")
                 self.state = "size"
             elif self.state == "size":
-                try:
-                    self.left = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
+                size = line.split(b";", 1)[0].strip()
+                if not size or size.strip(_HEX):  # int() would take "-5", "+5", "0x5", "5_0"
                     raise httpx.RemoteProtocolError(
-                        f"malformed chunked body: chunk size {line[:20]!r}") from None
+                        f"malformed chunked body: chunk size {line[:20]!r}")
+                self.left = int(size, 16)
                 self.state = "data" if self.left else "trailer"
             elif not line:  # the blank line after the trailer
                 self.complete = True
