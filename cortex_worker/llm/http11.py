@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import httpx
 
-__all__ = ["Http11Transport"]
+__all__ = ["Body", "Http11Transport"]
 
 Origin = tuple[str, str, int]
 _READ = 64 * 1024
@@ -63,7 +63,7 @@ class Http11Transport(httpx.BaseTransport):
             except BaseException:
                 conn.close()
                 raise
-            stream = _Body(self, origin, conn, sock, response, request)
+            stream = Body(self, origin, conn, sock, response, request)
             return httpx.Response(
                 response.status, headers=response.getheaders(), stream=stream,
                 extensions={"http_version": b"HTTP/1.1", "cortex.body": stream,
@@ -157,7 +157,7 @@ class _Stale(Exception):
     """The connection was closed before any of the response arrived."""
 
 
-class _Body(httpx.SyncByteStream):
+class Body(httpx.SyncByteStream):
     """A response body as it arrives (chunked encoding undone), or handed to a reader thread
     (`detach`, the response's extension `cortex.body`); its connection goes back to the pool
     once the body was read to its end, else it is closed."""

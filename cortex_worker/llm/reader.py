@@ -33,6 +33,7 @@ from typing import Any, Generic
 
 import httpx
 
+from cortex_worker.llm.http11 import Body
 from cortex_worker.llm.sse import Decoder, SSEParser, T, Take, decode_lines, taken
 from cortex_worker.llm.stream import Piece
 
@@ -52,7 +53,7 @@ def follow(response: httpx.Response, decoder: Decoder, take: Take[T]) -> Iterato
     Raises what the stream raises (`httpx.HTTPError`, `ModelError`), after every piece before
     the failure was taken. Closing the generator stops the stream at once."""
     body = response.extensions.get("cortex.body")
-    if body is None:  # a connection the reader cannot follow: read it here
+    if not isinstance(body, Body):  # a connection the reader cannot follow: read it here
         yield from taken(decode_lines(decoder, response.iter_lines()), take)
         return
     stream = _Stream(body, decoder, take, response.request)
@@ -169,7 +170,7 @@ class _Lines:
 class _Stream(Generic[T]):
     """One followed response: what the reader read, and who gives pieces to `take` now."""
 
-    def __init__(self, body: Any, decoder: Decoder, take: Take[T],
+    def __init__(self, body: Body, decoder: Decoder, take: Take[T],
                  request: httpx.Request) -> None:
         self.body, self.decoder, self.take, self.request = body, decoder, take, request
         self.sock, buffered, chunked, length = body.detach()
