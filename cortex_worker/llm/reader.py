@@ -45,6 +45,7 @@ _READ = 256 * 1024
 _SWEEP_S = 0.25  # how often read deadlines are checked
 _WAIT_S = 1.0  # how often a waiting caller checks that the reader thread is alive
 _HEX = b"0123456789abcdefABCDEF"
+_DRAIN_S = 0.25  # how long the end of a body may lag behind the answer's last event
 
 
 def follow(response: httpx.Response, decoder: Decoder, take: Take[T]) -> Iterator[T]:
@@ -189,6 +190,7 @@ class _Stream(Generic[T]):
         self.over = False  # nothing more will be read (the end, a failure, or closed)
         self.error: BaseException | None = None
         self.pending = buffered  # read with the head, decoded on the reader's first turn
+        self.drain_until: float | None = None  # the answer is whole; its body's end is due
 
     @property
     def complete(self) -> bool:
@@ -219,12 +221,19 @@ class _Stream(Generic[T]):
                 self.ready.notify()
 
     def expire(self, now: float) -> None:
-        """Fail the stream if nothing arrived for `read_s`."""
+        """Fail the stream if nothing arrived for `read_s`; end it if the body's end did not
+        follow the answer's within `_DRAIN_S` (its connection is then closed)."""
         with self.lock:
-            if self.over or self.deadline is None or now < self.deadline:
+            if self.over:
                 return
             pieces: list[Piece] = []
-            if self.decoder.finished:
+            if self.drain_until is not None:
+                if now < self.drain_until:
+                    return
+                self._end(pieces)
+            elif self.deadline is None or now < self.deadline:
+                return
+            elif self.decoder.finished:
                 self._end(pieces)
             else:
                 self.error = httpx.ReadTimeout(f"no data for {self.read_s:g} s",
@@ -249,13 +258,21 @@ class _Stream(Generic[T]):
         return data
 
     def _decode(self, data: bytes, pieces: list[Piece]) -> None:
+        if self.drain_until is not None:  # the answer is whole: only the body's end is awaited
+            self.framing.feed(data)
+            if self.framing.complete:
+                self._end(pieces)
+            return
         line_event, decode = self.sse.line, self.decoder.event
         for line in self.lines.feed(self.framing.feed(data)) if data else ():
             event = line_event(line)
             if event is not None:
                 pieces.extend(decode(*event))
-                if self.decoder.done:
-                    self._end(pieces)
+                if self.decoder.done:  # ([DONE], message_stop) read on to the body's end, so
+                    if self.framing.complete:  # that its connection serves the next request
+                        self._end(pieces)
+                    else:
+                        self.drain_until = time.monotonic() + _DRAIN_S
                     return
         if self.framing.complete:  # the last line, and the end of its event
             for line in [*self.lines.feed(b"", final=True), ""]:

@@ -443,6 +443,42 @@ def test_a_stream_read_to_its_end_leaves_its_connection_for_the_next(
     assert (server.requests, server.connections) == (3, 1)
 
 
+def test_a_body_end_sent_after_done_still_keeps_the_connection(
+        serve: Callable[[Answer], RawServer], client: httpx.Client) -> None:
+    """Servers write `[DONE]` and the body's last chunk apart: the reader reads on to that
+    chunk (not past `_DRAIN_S`), so the next turn's request reuses the connection."""
+    def answer(server: RawServer, conn: socket.socket, n: int) -> bool:
+        conn.sendall(HEAD + chunk(text_event(f"answer {n}")) + chunk(FINISH) + chunk(DONE))
+        time.sleep(0.03)
+        conn.sendall(LAST)
+        return True
+
+    server = serve(answer)
+    for n in (1, 2):
+        take = Collect()
+        chat(server, client, take)
+        assert take.texts == [f"answer {n}"]
+    assert (server.requests, server.connections) == (2, 1)
+
+
+def test_a_body_whose_end_never_comes_after_done_ends_and_its_connection_is_dropped(
+        serve: Callable[[Answer], RawServer], client: httpx.Client) -> None:
+    """A server that never ends the body after `[DONE]` costs the turn at most about
+    `_DRAIN_S` plus a sweep, and a fresh connection for the next request."""
+    def answer(server: RawServer, conn: socket.socket, n: int) -> bool:
+        conn.sendall(HEAD + chunk(text_event(f"answer {n}")) + chunk(FINISH) + chunk(DONE))
+        return True  # no last chunk: the connection stays open, the body unfinished
+
+    server = serve(answer)
+    for n in (1, 2):
+        take = Collect()
+        start = time.monotonic()
+        chat(server, client, take)
+        assert take.texts == [f"answer {n}"]
+        assert time.monotonic() - start < 1.5
+    assert (server.requests, server.connections) == (2, 2)
+
+
 @pytest.mark.parametrize("stop", ["break", "close"])
 def test_a_stream_closed_early_closes_its_connection(
         serve: Callable[[Answer], RawServer], client: httpx.Client, stop: str) -> None:
