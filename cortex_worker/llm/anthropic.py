@@ -42,11 +42,10 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
-from pydantic_core import from_json
 
 from cortex_worker.llm import transport
 from cortex_worker.llm.config import ModelConfig
-from cortex_worker.llm.sse import T, Take, decode_lines, hand_over
+from cortex_worker.llm.sse import T, Take, decode_lines, hand_over, json_event
 from cortex_worker.llm.stream import ModelError, Piece, TextDelta, ToolCall, Usage
 
 __all__ = [
@@ -252,12 +251,8 @@ class MessagesDecoder:
         self.done = False  # message_stop
 
     def event(self, name: str, data: str) -> list[Piece]:
-        try:
-            payload = from_json(data)
-        except ValueError:
-            raise ModelError(f"model endpoint {self.url} sent an event that is not JSON: "
-                             f"{data[:200]!r}", retryable=True) from None
-        if not isinstance(payload, dict):
+        payload = json_event(self.url, data)
+        if payload is None:
             return []
         kind = payload.get("type", name)
         if kind == "content_block_delta":

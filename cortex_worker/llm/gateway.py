@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic_core import from_json
 
 from cortex_worker import tracing
 from cortex_worker.llm import transport
@@ -33,7 +32,7 @@ from cortex_worker.llm.anthropic import stream_messages
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.grammar import Grammar, request_fields
 from cortex_worker.llm.replay import replay_stream
-from cortex_worker.llm.sse import T, Take, decode_lines, hand_over, taken
+from cortex_worker.llm.sse import T, Take, decode_lines, hand_over, json_event, taken
 from cortex_worker.llm.stream import ModelError, Piece, TextDelta, ToolCall, Usage
 from cortex_worker.llm.transport import close_shared_client, shared_client
 
@@ -129,12 +128,8 @@ class ChatDecoder:
         if data.strip() == "[DONE]":
             self.finished = self.done = True
             return []
-        try:
-            chunk = from_json(data)
-        except ValueError:
-            raise ModelError(f"model endpoint {self.url} sent an event that is not JSON: "
-                             f"{data[:200]!r}", retryable=True) from None
-        if not isinstance(chunk, dict):
+        chunk = json_event(self.url, data)
+        if chunk is None:
             return []
         if chunk.get("error"):
             error = chunk["error"]

@@ -4,20 +4,23 @@
 * `Decoder`: a provider's reading of one streamed answer, an event at a time (the gateway's
   `ChatDecoder`, Anthropic's `MessagesDecoder`); `decode_lines` runs one over lines read in
   the caller's thread, `reader.follow` on the process's reader thread.
+* `json_event`: an event's JSON object (by `pydantic_core.from_json`, three times faster than
+  `json.loads` on a chat chunk: the reader decodes one per token).
 * `Take`: what a stream's caller does with each piece (`hand_over`, the default: yield it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import httpx
+from pydantic_core import from_json
 
-from cortex_worker.llm.stream import Piece
+from cortex_worker.llm.stream import ModelError, Piece
 
-__all__ = ["Decoder", "SSEParser", "T", "Take", "decode_lines", "hand_over", "sse_events",
-           "taken"]
+__all__ = ["Decoder", "SSEParser", "T", "Take", "decode_lines", "hand_over", "json_event",
+           "sse_events", "taken"]
 
 T = TypeVar("T")
 Take = Callable[[Piece], T | None]
@@ -96,6 +99,17 @@ def decode_lines(decoder: Decoder, lines: Iterable[str]) -> Iterator[Piece]:
         if not decoder.finished:
             raise
     yield from decoder.end()
+
+
+def json_event(url: str, data: str) -> dict[str, Any] | None:
+    """An event's data as a JSON object (None: other JSON, which providers skip); data that
+    is not JSON is a retryable `ModelError` (the stream is broken)."""
+    try:
+        value = from_json(data)
+    except ValueError:
+        raise ModelError(f"model endpoint {url} sent an event that is not JSON: "
+                         f"{data[:200]!r}", retryable=True) from None
+    return value if isinstance(value, dict) else None
 
 
 def hand_over(piece: Piece) -> Piece:
