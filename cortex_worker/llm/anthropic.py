@@ -45,7 +45,7 @@ import httpx
 
 from cortex_worker.llm import transport
 from cortex_worker.llm.config import ModelConfig
-from cortex_worker.llm.sse import T, Take, decode_lines, hand_over, json_event
+from cortex_worker.llm.sse import T, Take, hand_over, json_event
 from cortex_worker.llm.stream import ModelError, Piece, TextDelta, ToolCall, Usage
 
 __all__ = [
@@ -299,11 +299,6 @@ class MessagesDecoder:
         if usage:
             pieces.append(usage)
         return pieces
-
-
-def _parse_events(url: str, lines: Iterable[str]) -> Iterator[Piece]:
-    """Pieces from the SSE lines of a Messages stream."""
-    return decode_lines(MessagesDecoder(url), lines)
 
 
 def _parse_whole(url: str, raw: bytes) -> Iterator[Piece]:

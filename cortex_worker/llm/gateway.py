@@ -20,7 +20,7 @@ provider table.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from cortex_worker.llm.anthropic import stream_messages
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.grammar import Grammar, request_fields
 from cortex_worker.llm.replay import replay_stream
-from cortex_worker.llm.sse import T, Take, decode_lines, hand_over, json_event, taken
+from cortex_worker.llm.sse import T, Take, hand_over, json_event, taken
 from cortex_worker.llm.stream import ModelError, Piece, TextDelta, ToolCall, Usage
 from cortex_worker.llm.transport import close_shared_client, shared_client
 
@@ -160,11 +160,6 @@ class ChatDecoder:
             raise ModelError(f"model endpoint {self.url} ended the stream before the completion "
                              "finished (no finish_reason and no [DONE])", retryable=True)
         return list(self.calls.flush())
-
-
-def _parse_stream(url: str, lines: Iterable[str]) -> Iterator[Piece]:
-    """Pieces from the SSE lines of a chat.completion.chunk stream."""
-    return decode_lines(ChatDecoder(url), lines)
 
 
 def _usage(data: Any) -> Usage | None:

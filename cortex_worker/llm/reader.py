@@ -173,7 +173,7 @@ class _Stream(Generic[T]):
 
     def __init__(self, body: Body, decoder: Decoder, take: Take[T],
                  request: httpx.Request) -> None:
-        self.body, self.decoder, self.take, self.request = body, decoder, take, request
+        self.decoder, self.take, self.request = decoder, take, request
         self.sock, buffered, chunked, length = body.detach()
         self.fd = self.sock.fileno()
         self.tls = isinstance(self.sock, ssl.SSLSocket)

@@ -30,11 +30,12 @@ from cortex_worker.llm import gateway
 from cortex_worker.llm.anthropic import (
     DEFAULT_MAX_TOKENS,
     ERROR_STATUSES,
-    _parse_events,
+    MessagesDecoder,
     stream_messages,
     to_messages_request,
 )
 from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.sse import decode_lines
 from cortex_worker.llm.stream import ModelError, TextDelta, ToolCall, Usage, tool_call_to_protocol
 from cortex_worker.protocol import parser as p
 from cortex_worker.protocol.parser import parse_document
@@ -358,7 +359,7 @@ def test_a_tool_use_cut_by_max_tokens_is_still_reported(api: FakeAnthropic, mode
         'event: message_delta', 'data: {"type": "message_delta", "delta": {"stop_reason": '
         '"max_tokens", "stop_sequence": null}, "usage": {"output_tokens": 7}}', '',
         'event: message_stop', 'data: {"type": "message_stop"}', '']
-    assert list(_parse_events("u", iter(lines))) == [
+    assert list(decode_lines(MessagesDecoder("u"), iter(lines))) == [
         ToolCall("toolu_x", "echo", None, '{"message": "cu'), Usage(5, 7, 12)]
 
 
@@ -466,10 +467,10 @@ def test_a_stream_that_ends_before_the_message_does_is_retryable() -> None:
              'data: {"type": "content_block_delta", "index": 0, '
              '"delta": {"type": "text_delta", "text": "a"}}', '']
     with pytest.raises(ModelError, match="before the message finished") as info:
-        list(_parse_events("u", iter(lines)))
+        list(decode_lines(MessagesDecoder("u"), iter(lines)))
     assert info.value.retryable
     with pytest.raises(ModelError, match="not JSON"):
-        list(_parse_events("u", iter(["event: message_start", "data: {oops", ""])))
+        list(decode_lines(MessagesDecoder("u"), iter(["event: message_start", "data: {oops", ""])))
 
 
 def test_closing_the_generator_closes_the_connection(api: FakeAnthropic, model: str) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from cortex_worker.llm import gateway
 from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.sse import decode_lines
 from cortex_worker.llm.stream import (
     ModelError,
     TextDelta,
@@ -264,12 +265,12 @@ def test_sse_parsing_edge_cases() -> None:
              "data: {\"choices\": [{\"index\": 0,", "data: \"delta\": {\"content\": \"c\"}}]}", "",
              'data: {"choices": [{"index": 1, "delta": {"content": "other choice"}}]}', "",
              'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}', ""]
-    pieces = list(gateway._parse_stream("u", iter(lines)))
+    pieces = list(decode_lines(gateway.ChatDecoder("u"), iter(lines)))
     assert text_of(pieces) == "abc"
     with pytest.raises(ModelError, match="before the completion finished"):
-        list(gateway._parse_stream("u", iter(lines[:4])))
+        list(decode_lines(gateway.ChatDecoder("u"), iter(lines[:4])))
     with pytest.raises(ModelError, match="mid-stream: boom"):
-        list(gateway._parse_stream("u", iter(['data: {"error": {"message": "boom"}}', ""])))
+        list(decode_lines(gateway.ChatDecoder("u"), iter(['data: {"error": {"message": "boom"}}', ""])))
 
 
 def test_a_server_that_ignores_stream_true_still_works(model: str) -> None:
