@@ -63,9 +63,16 @@ def test_one_trace_per_job_across_processes(traced: tuple[Collector, str],
     def spans() -> list[ReceivedSpan]:
         return [s for s in collector.received() if s.trace_id == trace_id]
 
-    harness.wait_until(lambda: any(s.name == "job" for s in spans())
-                       and sum(s.name == "tool calculator" for s in spans()) == 1,
-                       timeout=20, message="the job's spans at the collector")
+    def arrived() -> bool:
+        """The root, the calculator's span, and every span's parent: each process exports
+        its spans in its own batches, so a child can arrive before its parent."""
+        got = spans()
+        ids = {s.span_id for s in got}
+        return (any(s.name == "job" for s in got)
+                and sum(s.name == "tool calculator" for s in got) == 1
+                and all(not s.parent_id or s.parent_id in ids for s in got))
+
+    harness.wait_until(arrived, timeout=20, message="the job's spans at the collector")
     got = spans()
     by_id = {s.span_id: s for s in got}
     root = next(s for s in got if s.name == "job")
