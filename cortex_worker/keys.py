@@ -6,6 +6,7 @@ take the first `SCRIPT_KEYS` of `JobKeys` in this order (see lua/prelude.lua).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 PREFIX = "cx"
@@ -59,6 +60,7 @@ class JobKeys(NamedTuple):
 _SUFFIXES = {"awaiting": "await", "timings": "tm"}  # a field named as the key is, where that is a keyword
 
 
+@lru_cache(maxsize=4096)  # a streaming turn logs its chunks 20 times a second
 def job_keys(job_id: str) -> JobKeys:
     """The Redis keys of one job."""
     return JobKeys(*(f"{PREFIX}:{{{job_id}}}:{_SUFFIXES.get(field, field)}"
