@@ -41,10 +41,15 @@ __all__ = ["follow"]
 
 log = logging.getLogger(__name__)
 
-_READ = 256 * 1024
+_READ = 64 * 1024
 _SWEEP_S = 0.25  # how often read deadlines are checked
 _WAIT_S = 1.0  # how often a waiting caller checks that the reader thread is alive
 _HEX = b"0123456789abcdefABCDEF"
+# A wake of the reader costs more CPU than reading a token (docs/performance.md): when streams
+# are readable often enough that `_GATHERED` of them would be in `_GATHER_S`, the reader lets
+# data gather that long before each wait, so one wake reads many streams.
+_GATHER_S = 0.002
+_GATHERED = 2
 _DRAIN_S = 0.25  # how long the end of a body may lag behind the answer's last event
 
 
@@ -333,6 +338,7 @@ class _Reader:
         self.poll = select.epoll()
         self.streams: dict[int, _Stream[Any]] = {}
         self.lock = threading.Lock()  # guards `streams`
+        self.busy = False  # streams are so often readable that data gathers between wakes
         self.thread = threading.Thread(target=self._run, name="cortex-model-streams",
                                        daemon=True)
         self.thread.start()
@@ -360,9 +366,14 @@ class _Reader:
 
     def _run(self) -> None:
         swept = time.monotonic()
+        seen = 0  # streams found readable since `swept`
         while True:
             try:
-                for fd, _ in self.poll.poll(_SWEEP_S):
+                if self.busy:
+                    time.sleep(_GATHER_S)
+                ready = self.poll.poll(_SWEEP_S)
+                seen += len(ready)
+                for fd, _ in ready:
                     stream = self.streams.get(fd)
                     if stream is not None:
                         stream.readable()
@@ -370,7 +381,8 @@ class _Reader:
                             self.drop(stream)
                 now = time.monotonic()
                 if now - swept >= _SWEEP_S:
-                    swept = now
+                    self.busy = seen * _GATHER_S >= _GATHERED * (now - swept)
+                    swept, seen = now, 0
                     for stream in list(self.streams.values()):
                         stream.expire(now)
                         if stream.over:
