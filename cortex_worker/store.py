@@ -70,6 +70,24 @@ class ActionState:
     throttled_at: float | None = None  # when it began to wait for a tool slot
 
 
+def _action_states(statuses: dict[str, str], leases: dict[str, str], timings: dict[str, str],
+                   redrives: dict[str, str]) -> dict[str, ActionState]:
+    out: dict[str, ActionState] = {}
+    for action_id, status in statuses.items():
+        if status in TERMINAL:
+            continue
+        owner, expiry = None, None
+        if action_id in leases:
+            owner, _, until = leases[action_id].rpartition("|")
+            expiry = float(until)
+        queued = timings.get(f"q|{action_id}")
+        throttled = timings.get(f"w|{action_id}")
+        out[action_id] = ActionState(status, owner, expiry, float(queued) if queued else None,
+                                     int(redrives.get(action_id, 0)),
+                                     float(throttled) if throttled else None)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Dispatch:
     """What a state change asks for: actions to send now and whether the job drained."""
@@ -251,30 +269,16 @@ class Store:
         """Drop a job that has ended or expired from the active set."""
         self.redis.srem(ACTIVE_JOBS, job_id)
 
-    def action_states(self, job_id: str) -> dict[str, ActionState]:
-        """Every unfinished action's status, lease, when it was queued and how many times it
-        was sent again: what the reconciler needs, in one round trip."""
-        keys = job_keys(job_id)
+    def action_states(self, job_ids: Sequence[str]) -> list[dict[str, ActionState]]:
+        """Each job's unfinished actions: status, lease, when it was queued and how many times
+        it was sent again (what the reconciler needs), for every job in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(keys.status)
-        pipe.hgetall(keys.lease)
-        pipe.hgetall(keys.timings)
-        pipe.hgetall(keys.redrives)
-        statuses, leases, timings, redrives = pipe.execute()
-        out: dict[str, ActionState] = {}
-        for action_id, status in statuses.items():
-            if status in TERMINAL:
-                continue
-            owner, expiry = None, None
-            if action_id in leases:
-                owner, _, until = leases[action_id].rpartition("|")
-                expiry = float(until)
-            queued = timings.get(f"q|{action_id}")
-            throttled = timings.get(f"w|{action_id}")
-            out[action_id] = ActionState(status, owner, expiry, float(queued) if queued else None,
-                                         int(redrives.get(action_id, 0)),
-                                         float(throttled) if throttled else None)
-        return out
+        for job_id in job_ids:
+            keys = job_keys(job_id)
+            for key in (keys.status, keys.lease, keys.timings, keys.redrives):
+                pipe.hgetall(key)
+        replies = pipe.execute()
+        return [_action_states(*replies[at:at + 4]) for at in range(0, len(replies), 4)]
 
     def redrive(self, job_id: str, action_id: str, dead_owner: str, why: str,
                 most: int) -> tuple[str, Any]:

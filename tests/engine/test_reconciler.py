@@ -238,3 +238,30 @@ def test_a_redelivery_waits_for_the_live_worker_that_runs_the_action(
     log = events(store, job_id)
     assert one(log, "action_started", "a")["worker"] == GHOST
     assert one(log, "action_completed", "b")["result"] == "A"
+
+
+def test_a_pass_reads_every_job_in_the_same_few_round_trips(store: Store, broker: StubBroker,
+                                                             monkeypatch) -> None:
+    """A pass runs every few seconds over every active job: with nothing to recover, it reads
+    them in a fixed number of Redis round trips, however many jobs there are."""
+    reconciler = Reconciler(store, get_settings())
+    pool = store.redis.connection_pool
+    taken = pool.get_connection
+
+    def round_trips(n: int) -> int:
+        for _ in range(n):
+            jobs.submit_document(store, DOC, options=READINESS)
+        broker.step()
+        calls = 0
+
+        def counted(*args: object, **kwargs: object) -> object:
+            nonlocal calls
+            calls += 1
+            return taken(*args, **kwargs)
+
+        monkeypatch.setattr(pool, "get_connection", counted)
+        assert reconciler.reconcile() == 0
+        monkeypatch.setattr(pool, "get_connection", taken)
+        return calls
+
+    assert round_trips(3) == round_trips(30) <= 4
