@@ -3,7 +3,7 @@
 Usage: python bench/agent.py [--runs N] [--tps T]
 
 One run starts a private redis-server on 127.0.0.1 (free port), `cortex worker --pool tool
---concurrency 4`, `cortex worker --pool agent --concurrency 100` (threads, the agent pool's
+--concurrency 4`, `cortex worker --pool agent --concurrency 200` (threads, the agent pool's
 default), `cortex api`, and the tests' fake OpenAI-compatible model server (`tests/fake_llm.py`) in this
 process on 127.0.0.1. The agent is `tester` from `tests/manifests/agents.yaml`; each job names
 its own fake model through `options.model`, so each job gets its own script. All of them are

@@ -8,7 +8,7 @@ fake OpenAI-compatible model server (`tests/fake_llm.py`) in this process on 127
 for each mode, ONE agent worker process:
 
 - `threads`: `cortex worker --pool agent`, as shipped: Celery's threads pool, default
-  concurrency 100;
+  concurrency 200;
 - `prefork`: `celery -A cortex_worker.app worker -Q agent --pool prefork --concurrency 4`
   (`cortex worker` does not expose the pool type), a parent and 4 child processes;
 - gevent/eventlet: measured only if installed in this interpreter (`--pool gevent
@@ -395,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="comma-separated: threads, prefork, gevent, eventlet")
     parser.add_argument("--prefork-concurrency", type=int, default=4)
     parser.add_argument("--threads-concurrency", type=int, default=None,
-                        help="`cortex worker --pool agent --concurrency N` (default: as shipped, 100)")
+                        help="`cortex worker --pool agent --concurrency N` (default: as shipped, 200)")
     parser.add_argument("--token-cost", action="store_true",
                         help="also time the CPU per streamed token of the turn's steps, in "
                              "this process (use --modes '' for this alone)")

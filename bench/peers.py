@@ -6,7 +6,7 @@ Usage: python bench/peers.py [--runs 5] [--warmup 1] [--ttft 0.4] [--tps 50] [--
 Needs the `bench` extra (`pip install -e '.[bench]'`: langgraph, langchain-openai).
 
 One run starts, all on 127.0.0.1: a private redis-server (free port), `cortex worker --pool
-tool --concurrency 4xJOBS`, `cortex worker --pool agent --concurrency 100` (threads, the
+tool --concurrency 4xJOBS`, `cortex worker --pool agent --concurrency 200` (threads, the
 pool's default), `cortex api`, and the tests' fake OpenAI-compatible model server
 (`tests/fake_llm.py`) in this process. The model answers each request after `--ttft` seconds
 (time to first token), then streams `--tps` tokens a second; a token is one chunk of 4

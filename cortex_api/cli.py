@@ -103,14 +103,14 @@ def _check_manifests() -> None:
 
 
 # relic: one worker process keeps one instance of each relic (its threads share them).
-THREADED_POOLS = {"agent": 100, "llm": 50, "relic": 8}
+THREADED_POOLS = {"agent": 200, "llm": 50, "relic": 8}
 
 
 @app.command()
 def worker(
     pool: Annotated[str, typer.Option(help="The pool to serve: agent, tool, llm, relic or docker.")],
     concurrency: Annotated[int | None, typer.Option(
-        min=1, help="Slots: processes (default: CPUs), or threads for agent (100), llm (50) and relic (8).")] = None,
+        min=1, help="Slots: processes (default: CPUs), or threads for agent (200), llm (50) and relic (8).")] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
     hostname: Annotated[str | None, typer.Option(help="Worker node name (default pool@host).")] = None,
 ) -> None:

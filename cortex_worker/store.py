@@ -36,7 +36,7 @@ TERMINAL = frozenset({"ok", "error", "timeout", "skipped", "cancelled"})
 RECONNECT_RETRIES = 40  # with a 1 s backoff cap: about 35 s without Redis
 MAX_CONNECTIONS = 1024
 """Connections one process may open; past that a command waits for one (`POOL_WAIT_S`).
-redis-py 6+ caps a plain pool at 100 and then raises: an agent worker runs 100 turns at once
+redis-py 6+ caps a plain pool at 100 and then raises: an agent worker runs 200 turns at once
 by default, besides its heartbeat, reconciler and result listeners."""
 POOL_WAIT_S = 30.0
 

@@ -1,4 +1,4 @@
-"""The store's Redis connections under many threads: an agent worker runs 100 turns at once
+"""The store's Redis connections under many threads: an agent worker runs 200 turns at once
 by default, besides its heartbeat, reconciler and listeners."""
 
 from __future__ import annotations
