@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trustme
 
 from cortex_worker.llm import gateway, reader, transport
 from cortex_worker.llm.config import ModelConfig
@@ -62,8 +64,8 @@ class RawServer:
     """An HTTP/1.1 server on loopback that keeps connections alive and writes each response
     itself (`answer`), byte for byte; counts the connections and requests it got."""
 
-    def __init__(self, answer: Answer) -> None:
-        self.answer = answer
+    def __init__(self, answer: Answer, tls: ssl.SSLContext | None = None) -> None:
+        self.answer, self.tls = answer, tls
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.connections = self.requests = 0
@@ -75,7 +77,8 @@ class RawServer:
     def config(self, **overrides: Any) -> ModelConfig:
         # timeout_s: a reader that loses track of a stream fails its test soon, not in 120 s
         fields: dict[str, Any] = {"max_retries": 0, "timeout_s": 5, **overrides}
-        return ModelConfig(base_url=f"http://127.0.0.1:{self.port}/v1", model="m",
+        scheme = "https" if self.tls else "http"
+        return ModelConfig(base_url=f"{scheme}://127.0.0.1:{self.port}/v1", model="m",
                            api_key_env=None, **fields)
 
     def close(self) -> None:
@@ -100,6 +103,8 @@ class RawServer:
 
     def _serve(self, conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):  # OSError: the client or the test closed it
+            if self.tls is not None:  # each sendall below is then one or more TLS records
+                conn = self.tls.wrap_socket(conn, server_side=True)
             buffer = b""
             while True:
                 while b"\r\n\r\n" not in buffer:
@@ -132,6 +137,37 @@ def serve() -> Iterator[Callable[[Answer], RawServer]]:
     yield start
     for server in servers:
         server.close()
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    """A certificate authority of this test module's own, for TLS on loopback."""
+    return trustme.CA()
+
+
+@pytest.fixture
+def serve_tls(ca: trustme.CA) -> Iterator[Callable[[Answer], RawServer]]:
+    """`serve` over TLS, with a certificate for 127.0.0.1 from `ca`."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    servers: list[RawServer] = []
+
+    def start(answer: Answer) -> RawServer:
+        servers.append(RawServer(answer, tls=context))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+def tls_client(ca: trustme.CA) -> Iterator[httpx.Client]:
+    """`client`, trusting `ca` (as `Http11Transport` trusts certifi's CAs by default)."""
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    with httpx.Client(transport=Http11Transport(ssl_context=context)) as c:
+        yield c
 
 
 @pytest.fixture
@@ -562,3 +598,54 @@ def test_streams_readable_often_gather_between_wakes_and_each_reaches_take_whole
     assert True in busy
     time.sleep(2 * reader._SWEEP_S)
     assert not reader._shared_reader().busy
+
+
+# -- TLS: what every stream from a hosted model goes through --------------------------------
+def test_a_tls_stream_in_awkward_records_reaches_take_whole_and_keeps_its_connection(
+        serve_tls: Callable[[Answer], RawServer], tls_client: httpx.Client) -> None:
+    """Over TLS each write is a record of its own: records that end mid chunk size, mid line
+    and mid UTF-8 character; a burst of many records at once; an event larger than a record
+    (16 KiB), so that decrypted data waits in the TLS buffer, where epoll cannot see it. The
+    reader takes them all, in order, and reads the body to its end, so the next request rides
+    the same connection."""
+    big = "x" * 40_000 + "é"
+    texts = ["héllo", " wörld", *[f" {i}" for i in range(60)], big, " end"]
+    events = b"".join(text_event(t) for t in texts) + FINISH + DONE
+    body = b"".join(chunk(events[i:i + 7]) for i in range(0, 196, 7)) + chunk(events[196:]) + LAST
+
+    def answer(server: RawServer, conn: socket.socket, n: int) -> bool:
+        conn.sendall(HEAD)
+        at = 0
+        for size in [1, 2, 3, 5, 8, 13, 21, 34]:  # record by record, a little apart
+            conn.sendall(body[at:at + size])
+            at += size
+            time.sleep(0.002)
+        burst = body[at:len(body) - 50_000]  # many records in one go
+        for i in range(0, len(burst), 40):
+            conn.sendall(burst[i:i + 40])
+        conn.sendall(body[len(body) - 50_000:])  # the big event: several full records
+        return True
+
+    server = serve_tls(answer)
+    for _ in range(2):
+        take = Collect()
+        assert chat(server, tls_client, take) == []
+        assert take.texts == texts
+    assert (server.requests, server.connections) == (2, 1)
+
+
+def test_a_tls_stream_cut_short_fails_after_the_pieces_before_it(
+        serve_tls: Callable[[Answer], RawServer], tls_client: httpx.Client) -> None:
+    """The server closes the TLS connection mid body: the pieces before reach `take`, then
+    the stream fails with an HTTP error, as over plain TCP."""
+    def answer(server: RawServer, conn: socket.socket, n: int) -> bool:
+        conn.sendall(HEAD + chunk(text_event("one")) + chunk(text_event("two")))
+        time.sleep(0.05)
+        conn.sendall(b"40\r\n" + b"data: {")  # a chunk cut short, then the close
+        return False
+
+    server = serve_tls(answer)
+    take = Collect()
+    with pytest.raises((httpx.HTTPError, ModelError)):
+        chat(server, tls_client, take)
+    assert take.texts == ["one", "two"]
