@@ -29,6 +29,10 @@ TURN_TASK = "cortex.agent_turn"
 INVOKE_TASK = "cortex.invoke"
 FEED_TASK = "cortex.feed_refresh"
 DEFERRED_TASK = "cortex.deferred_timeout"
+#: The tasks whose return value a sender waits for. Every other task is sent with
+#: `ignore_result`: outside a worker (the API) Celery would subscribe to its result channel
+#: at each send, a round trip and a subscription held until the handle is collected.
+RESULT_TASKS = frozenset({INVOKE_TASK})
 
 
 class Broker(Protocol):
@@ -80,6 +84,7 @@ class CeleryBroker:
                   argsrepr: str | None = None) -> Any:
         return self.app.send_task(name, args=list(args), queue=queue, task_id=task_id,
                                   countdown=countdown, argsrepr=argsrepr,
+                                  ignore_result=name not in RESULT_TASKS,
                                   producer=getattr(self._local, "producer", None))
 
     def apply_canvas(self, signature: Any) -> Any:

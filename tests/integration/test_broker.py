@@ -1,5 +1,6 @@
-"""The kombu fix of cortex_worker.broker, on a real Redis: a channel that closes after its
-connection was torn down keeps the worker alive, and its task is delivered again."""
+"""The broker on a real Redis: the kombu fix of cortex_worker.broker (a channel that closes
+after its connection was torn down keeps the worker alive, and its task is delivered again),
+and what sending a task asks of Redis."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import celery._state
 import pytest
+import redis
 from kombu import Connection, Exchange, Queue
 
 from cortex_worker import broker
+from cortex_worker.app import create_app
+from cortex_worker.dispatch import ACTION_TASK, INVOKE_TASK, TURN_TASK, CeleryBroker
+from cortex_worker.settings import Settings
 from tests import harness
 
 pytestmark = pytest.mark.integration
@@ -48,3 +54,27 @@ def test_a_channel_closing_after_its_connection_keeps_the_task(redis_url: str) -
         sweeper.qos.restore_visible(num=10)
         again = sweeper.basic_get("tool", no_ack=True)
         assert again is not None and again.payload == {"task": 1}
+
+
+def test_only_tasks_whose_result_is_awaited_subscribe_to_it(redis_url: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a worker (the API), Celery subscribes to a task's result channel when it sends
+    the task unless told to ignore its result: a round trip per submission, and a subscription
+    held until the handle is collected. Only `cortex.invoke`, whose value its sender waits
+    for, may subscribe."""
+    monkeypatch.setattr(celery._state, "_task_join_will_block", False)  # not a worker
+    sender = CeleryBroker(create_app(Settings(redis_url=redis_url)))
+    client = redis.Redis.from_url(redis_url)
+
+    def subscribes() -> int:
+        stats = client.info("commandstats")
+        return int(stats.get("cmdstat_subscribe", {}).get("calls", 0))
+
+    before = subscribes()
+    for n in range(5):
+        sender.send_task(TURN_TASK, [f"job{n}"], queue="agent")
+        sender.send_task(ACTION_TASK, [f"job{n}", "a", {}, True], queue="tool")
+    assert subscribes() == before
+    handle = sender.send_task(INVOKE_TASK, ["job", {"id": "a"}, 1.0], queue="tool")
+    assert subscribes() > before
+    handle.forget()
