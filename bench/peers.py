@@ -89,7 +89,7 @@ def lookup(key: str, seconds: float) -> dict[str, Any]:
 
 
 CHUNK_CHARS = 4
-AGENT_THREADS = 100  # the agent pool's default (the harness would start 2)
+AGENT_THREADS = 200  # the agent pool's default (the harness would start 2)
 AGENTS = {"native": "peers_native", "protocol": "peers_protocol"}
 VARIANTS = ("LangGraph", "Cortex native", "Cortex protocol")
 TASK = "Look up the keys I need and tell me their values."
