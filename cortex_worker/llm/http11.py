@@ -30,12 +30,16 @@ __all__ = ["Body", "Http11Transport"]
 Origin = tuple[str, str, int]
 _READ = 64 * 1024
 _PORTS = {"http": 80, "https": 443}
+#: Kept-alive connections per origin: one per thread of the agent pool as shipped (200,
+#: `cortex worker --pool agent`), so that each turn's next request finds its connection open
+#: (a new one to a hosted model costs a TCP and a TLS handshake).
+MAX_IDLE = 200
 
 
 class Http11Transport(httpx.BaseTransport):
     """HTTP/1.1 over `http.client`, with up to `max_idle` kept-alive connections per origin."""
 
-    def __init__(self, *, max_idle: int = 50, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, *, max_idle: int = MAX_IDLE, ssl_context: ssl.SSLContext | None = None) -> None:
         self.max_idle = max_idle
         self._ssl = ssl_context
         self._idle: dict[Origin, list[http.client.HTTPConnection]] = {}

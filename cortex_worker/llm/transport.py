@@ -31,7 +31,7 @@ from typing import Any, Generic
 import httpx
 
 from cortex_worker.llm.config import ModelConfig
-from cortex_worker.llm.http11 import Http11Transport
+from cortex_worker.llm.http11 import MAX_IDLE, Http11Transport
 from cortex_worker.llm.reader import follow
 from cortex_worker.llm.sse import Decoder, T, Take, taken
 from cortex_worker.llm.stream import ModelError, Piece, TextDelta
@@ -66,8 +66,8 @@ def shared_client() -> httpx.Client:
         if _client is None or _client.is_closed:
             proxied = any(urllib.request.getproxies().get(s) for s in ("http", "https", "all"))
             _client = httpx.Client(
-                limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
-                transport=None if proxied else Http11Transport(max_idle=50),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=MAX_IDLE),
+                transport=None if proxied else Http11Transport(),
                 follow_redirects=False,
             )
         return _client

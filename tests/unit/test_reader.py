@@ -649,3 +649,28 @@ def test_a_tls_stream_cut_short_fails_after_the_pieces_before_it(
     with pytest.raises((httpx.HTTPError, ModelError)):
         chat(server, tls_client, take)
     assert take.texts == ["one", "two"]
+
+
+def test_as_many_streams_as_the_agent_pool_has_threads_keep_their_connections(
+        serve: Callable[[Answer], RawServer]) -> None:
+    """The shared client keeps a connection per thread of the agent pool as shipped: 120
+    streams at once (more than the 50 it kept before), then 120 more, open no new
+    connection (to a hosted model, each would be a TCP and a TLS handshake)."""
+    def answer(server: RawServer, conn: socket.socket, n: int) -> bool:
+        conn.sendall(HEAD + chunk(text_event("hi")))
+        time.sleep(0.2)  # all of a round's streams are open at once
+        conn.sendall(chunk(FINISH) + chunk(DONE) + LAST)
+        return True
+
+    server = serve(answer)
+    with httpx.Client(transport=Http11Transport()) as client:  # as `shared_client` has it
+        for _ in range(2):
+            takes = [Collect() for _ in range(120)]
+            threads = [threading.Thread(target=chat, args=(server, client, take))
+                       for take in takes]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert all(take.texts == ["hi"] for take in takes)
+    assert (server.requests, server.connections) == (240, 120)
