@@ -177,10 +177,18 @@ class DockerDaemon:
             self.timings["image"] = self.timings.get("image", 0.0) + time.monotonic() - started
 
     def containers(self, **filters: str) -> list[Any]:
-        """Containers (running or not) matching label filters, e.g. `{"label": "k=v"}`."""
+        """Containers (running or not) matching label filters, e.g. `{"label": "k=v"}`. One
+        removed while they are listed is left out: the SDK's `list` inspects each container
+        after listing them all, and a removal in between raised `NotFound` (a flaky test)."""
+        import docker
+
         client = self.client()
         try:
-            return client.containers.list(all=True, filters=dict(filters))
+            found = []
+            for listed in client.containers.list(all=True, filters=dict(filters), sparse=True):
+                with contextlib.suppress(docker.errors.NotFound):
+                    found.append(client.containers.get(listed.id))
+            return found
         finally:
             client.close()
 
