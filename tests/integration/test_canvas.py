@@ -70,8 +70,11 @@ def test_busy_canvas_step_waits_without_a_worker_slot(api: Any, redis_client: re
     harness.wait_until(lambda: step in waiting_steps(control)[0], timeout=10, interval=0.05)
     assert step not in waiting_steps(control)[1]
 
-    # Meanwhile every slot of the tool pool (4) is free: four sleeps all run at once.
-    wide = "".join(action(f"p{i}", "sleep", {"seconds": 0.5}) for i in range(4))
+    # Meanwhile every slot of the tool pool (4) is free: four sleeps all run at once. (1.5 s
+    # each: with 0.5 s, one clean-clone run on a busy 2-core machine started the last sleep
+    # 0.1 s after the first had ended; a pool process's first call of a tool also starts
+    # that tool's runner, which may be the cause.)
+    wide = "".join(action(f"p{i}", "sleep", {"seconds": 1.5}) for i in range(4))
     wide_id = start(api, wide, canvas=False)
     wide_events = follow(api, wide_id)
     assert wide_events[-1]["type"] == "job_completed"
