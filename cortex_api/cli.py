@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cortex_worker.protocol.document import Document, load_document
+from cortex_worker.settings import AGENT_THREADS
 
 if TYPE_CHECKING:
     from cortex_api.client import APIError, Client, JobCreated
@@ -103,7 +104,7 @@ def _check_manifests() -> None:
 
 
 # relic: one worker process keeps one instance of each relic (its threads share them).
-THREADED_POOLS = {"agent": 200, "llm": 50, "relic": 8}
+THREADED_POOLS = {"agent": AGENT_THREADS, "llm": 50, "relic": 8}
 
 
 @app.command()

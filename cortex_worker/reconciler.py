@@ -84,8 +84,10 @@ class Reconciler:
 
     def _due_job(self, job_id: str, what: str, since: float | None, now: float) -> bool:
         """`_due` for a job's start or drain; counts the time it is sent again."""
-        if not self._due(since, 0, now) or not self._due(since, self.store.redrives(job_id, what), now):
-            return False  # (within the grace period: not worth a round trip)
+        if not self._due(since, 0, now):  # within the grace period: no need to read the count
+            return False
+        if not self._due(since, self.store.redrives(job_id, what), now):
+            return False
         self.store.count_redrive(job_id, what)
         return True
 

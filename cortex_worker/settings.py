@@ -32,6 +32,11 @@ from cortex_worker.llm.config import ModelConfig
 SETTINGS_FILE_ENV = "CORTEX_SETTINGS_FILE"
 
 
+#: Threads of the agent pool (`cortex worker --pool agent`) by default: each running turn holds
+#: one, asleep while the process's reader thread reads its stream.
+AGENT_THREADS = 200
+
+
 class Settings(BaseSettings):
     """One place for every knob; each field is `CORTEX_<NAME>` in the environment."""
 

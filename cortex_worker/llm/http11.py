@@ -25,15 +25,17 @@ from collections.abc import Iterator
 
 import httpx
 
+from cortex_worker.settings import AGENT_THREADS
+
 __all__ = ["Body", "Http11Transport"]
 
 Origin = tuple[str, str, int]
 _READ = 64 * 1024
 _PORTS = {"http": 80, "https": 443}
-#: Kept-alive connections per origin: one per thread of the agent pool as shipped (200,
-#: `cortex worker --pool agent`), so that each turn's next request finds its connection open
-#: (a new one to a hosted model costs a TCP and a TLS handshake).
-MAX_IDLE = 200
+#: Kept-alive connections per origin: one per thread of the agent pool as shipped, so that each
+#: turn's next request finds its connection open (a new one to a hosted model costs a TCP and a
+#: TLS handshake).
+MAX_IDLE = AGENT_THREADS
 
 
 class Http11Transport(httpx.BaseTransport):
