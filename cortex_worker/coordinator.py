@@ -52,9 +52,12 @@ from cortex_worker.protocol.actions import Action
 from cortex_worker.record import JobRecord
 from cortex_worker.runtime import get_job_ends, get_registry
 from cortex_worker.settings import get_settings
-from cortex_worker.store import Store, dumps
+from cortex_worker.store import Resumed, Store, TurnInputs, dumps
 
 log = logging.getLogger(__name__)
+
+Closing = tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]
+"""The last turn's closing events and the record's fields to write with them."""
 
 MAX_REMINDERS = 3
 STATUS_CHECK_S = 5.0  # how often a streaming turn looks at its job's status and renews its lease
@@ -67,17 +70,17 @@ CHUNK_EVENTS = {p.TEXT, p.THOUGHT_CHUNK, p.RESPONSE_CHUNK, p.THOUGHT_END, p.CONT
                 p.WARNING, p.PROTOCOL_ERROR}
 
 
-def _resume(store: Store, job_id: str) -> tuple[int, list[str], bool]:
+def _resume(store: Store, job_id: str) -> Resumed | None:
     """Begin the next turn, or take over the turn in progress if its owner died (a process
     of this host that no longer exists) or its lease expired (another host)."""
     me = owner()
-    turn, finished, restarted = store.resume(job_id, me, TURN_LEASE_S)
-    if turn:
-        return turn, finished, restarted
+    resumed = store.resume(job_id, me, TURN_LEASE_S)
+    if resumed is not None:
+        return resumed
     current = (store.peek(job_id, "turn_owner") or JobRecord(id=job_id)).turn_owner
     if current and current != me and is_dead(store, current):
         return store.resume(job_id, me, TURN_LEASE_S, dead_owner=current)
-    return 0, [], False
+    return None
 
 
 def run_turns(store: Store, job_id: str) -> None:
@@ -88,12 +91,10 @@ def run_turns(store: Store, job_id: str) -> None:
     coordinator had already done (`turn_phase`), and never dispatching an action again that
     was already registered (see `_start_action`)."""
     while True:
-        turn, finished, restarted = _resume(store, job_id)
-        if not turn:
+        resumed = _resume(store, job_id)
+        if resumed is None:
             return
-        job = store.get_job(job_id)
-        if job is None:
-            return  # expired
+        turn, job, restarted = resumed.turn, resumed.job, resumed.restarted
         phase = job.turn_phase if restarted else "resumed"
         if restarted:
             log.warning("job %s: taking over turn %s (phase %s) from %s", job_id, turn, phase,
@@ -108,15 +109,17 @@ def run_turns(store: Store, job_id: str) -> None:
             end_job(store, job_id, "failed", error=str(exc), turns=turn - 1)
             return
         try:
+            closing: Closing = ([], {})
             if phase == "resumed":
-                if _close_previous_turn(store, job_id, job, agent, turn):
+                closed = _close_previous_turn(store, job_id, job, agent, turn)
+                if closed is None:
                     return
-                store.set_job(job_id, turn_phase="generating")
+                closing = closed
             if phase != "generated":
                 with tracing.span(f"turn {turn}", job_id, {
                         "cortex.job.id": job_id, "cortex.agent": agent.name, "cortex.turn": turn}):
-                    turn_state = _generate(store, job_id, job, agent, turn, finished,
-                                           restarted=restarted)
+                    turn_state = _generate(store, job_id, job, agent, turn, resumed.finished,
+                                           closing, restarted=restarted)
                 if turn_state is None:
                     return
         except ModelError as exc:
@@ -140,30 +143,33 @@ def run_turns(store: Store, job_id: str) -> None:
 
 
 def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: AgentSpec,
-                         turn: int) -> bool:
-    """Render the last turn's responses, then end the job if it is done; True if it ended."""
+                         turn: int) -> Closing | None:
+    """Render the last turn's responses and end the job if it is done (None). Otherwise the
+    closing events and the record's fields, which the next turn writes as it starts."""
     events, final = render_responses(store, job_id, job.pending_responses)
     result = final or job.result or None
     if turn > 1:
         events.append(("turn_completed", {"turn": turn - 1}))
-    if events:  # before clearing them: a coordinator that dies between repeats, never loses
-        store.emit(job_id, events)
-    store.set_job(job_id, pending_responses=[], result=result or "")
-    ran = turn - 1  # `turn` is the one about to start; it never runs if the job ends here
+    # logged before they are cleared, in one call: a coordinator that dies never loses them
+    fields: dict[str, Any] = {"pending_responses": [], "result": result or ""}
+    error = None
     if job.final:
-        end_job(store, job_id, "completed", result=result, turns=ran)
+        pass
     elif job.reminders >= MAX_REMINDERS:
-        end_job(store, job_id, "failed", error=f"{MAX_REMINDERS} turns in a row without an action "
-                "or a final response", turns=ran)
+        error = f"{MAX_REMINDERS} turns in a row without an action or a final response"
     elif turn > agent.max_turns:
-        end_job(store, job_id, "failed", error=f"max_turns ({agent.max_turns}) reached without a "
-                "final response", turns=ran)
+        error = f"max_turns ({agent.max_turns}) reached without a final response"
     elif time.time() - job.begun_at > agent.max_wall_time_s:
-        end_job(store, job_id, "failed", error=f"wall time limit ({agent.max_wall_time_s:g} s) reached",
-                turns=ran)
+        error = f"wall time limit ({agent.max_wall_time_s:g} s) reached"
     else:
-        return False
-    return True
+        return events, {**fields, "turn_phase": "generating"}
+    store.start_turn(job_id, closing=events, fields=fields)
+    ran = turn - 1  # `turn` is the one about to start; it never runs if the job ends here
+    if error is None:
+        end_job(store, job_id, "completed", result=result, turns=ran)
+    else:
+        end_job(store, job_id, "failed", error=error, turns=ran)
+    return None
 
 
 @dataclass
@@ -181,6 +187,8 @@ class _Turn:
     tagged: bool = False  # the model wrote protocol (a tag, or a malformed one)
     plain: list[str] = field(default_factory=list)  # text outside any tag
     native: list[tuple[ToolCall, str]] = field(default_factory=list)  # (call, its protocol text)
+    retaken: bool = False  # the turn was taken over: its dead coordinator may have registered
+    #                        some of its actions already
 
 
 def _stop_reason(store: Store, job_id: str, agent: AgentSpec, job: JobRecord,
@@ -201,13 +209,13 @@ def _stop_reason(store: Store, job_id: str, agent: AgentSpec, job: JobRecord,
 
 
 def _prompt(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
-            finished: list[str]) -> tuple[list[dict[str, Any]], int]:
+            finished: list[str], inputs: TurnInputs) -> tuple[list[dict[str, Any]], int]:
     """The turn's messages, and how many at the end are new (not yet in the conversation)."""
     parts: list[str] = []
     if turn == 1:
         parts.append(job.input)
     native = {c["action_id"]: c["id"] for c in job.native_calls}
-    records = store.results(job_id, [*native, *finished])
+    records = inputs.results
     results = {a: {"id": a, "status": r["status"], "value": r.get("value")} if r["status"] == "ok"
                else {"id": a, "status": r["status"], "error": r.get("error")}
                for a, r in records.items()}
@@ -223,14 +231,14 @@ def _prompt(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: i
         parts.append(format_errors(job.feedback))
     if job.remind:
         parts.append(PROTOCOL_REMINDER)
-    context = feeds.current_values(store, job_id, agent.name)
+    context = feeds.current_values(store, job_id, agent.name, inputs.feed_changes)
     if context:
         parts.append(format_feeds(context))
     system = build_system_prompt(agent, get_registry())
     text = "\n\n".join(x for x in parts if x)
     user = [{"role": "user", "content": text or PROTOCOL_REMINDER}] if text or not tool_messages else []
     fresh = [*tool_messages, *user]  # appended to the conversation with the turn's reply
-    return [{"role": "system", "content": system}, *store.conversation(job_id), *fresh], len(fresh)
+    return [{"role": "system", "content": system}, *inputs.conversation, *fresh], len(fresh)
 
 
 def _tool_content(result: dict[str, Any] | None, limit: int) -> str:
@@ -249,10 +257,10 @@ class _Reading:
 
     def __init__(self, store: Store, job_id: str, job: JobRecord, agent: AgentSpec,
                  planner: StreamPlanner, depth: int, model: ModelConfig, names: dict[str, str],
-                 job_ended: threading.Event) -> None:
+                 job_ended: threading.Event, retaken: bool) -> None:
         self.store, self.job_id, self.agent, self.planner = store, job_id, agent, planner
         self.depth, self.model, self.names, self.job_ended = depth, model, names, job_ended
-        self.state = _Turn()
+        self.state = _Turn(retaken=retaken)
         self.parser = p.StreamParser(known_ids=set(planner.ids),
                                      first_action_number=len(planner.ids) + 1)
         self.text: list[str] = []
@@ -288,11 +296,17 @@ class _Reading:
 
 
 def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
-              finished: list[str], restarted: bool = False) -> _Turn | None:
-    messages, fresh = _prompt(store, job_id, job, agent, turn, finished)
+              finished: list[str], closing: Closing, restarted: bool = False) -> _Turn | None:
+    begin: list[tuple[str, dict[str, Any]]] = []
     if not restarted:
-        begin = [("job_started", {"kind": "agent", "agent": agent.name})] if turn == 1 else []
-        store.emit(job_id, [*begin, ("turn_started", {"turn": turn})], live=True)
+        first = [("job_started", {"kind": "agent", "agent": agent.name})] if turn == 1 else []
+        begin = [*first, ("turn_started", {"turn": turn})]
+    native = [c["action_id"] for c in job.native_calls]
+    inputs = store.start_turn(job_id, closing=closing[0], fields=closing[1], begin=begin,
+                              action_ids=[*native, *finished])
+    if not inputs.begun:
+        return None  # it ended (cancelled) before this turn began
+    messages, fresh = _prompt(store, job_id, job, agent, turn, finished, inputs)
     planner = StreamPlanner.from_json(job.planner)
     tools = tool_functions(agent, get_registry()) if agent.model.native_tools else None
     names = tool_names(agent)
@@ -301,9 +315,11 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     depth = job.depth
     with get_job_ends().watch(job_id) as job_ended:
         for restart in range(TURN_RESTARTS + 1):
-            reading = _Reading(store, job_id, job, agent, planner, depth, model, names, job_ended)
+            reading = _Reading(store, job_id, job, agent, planner, depth, model, names, job_ended,
+                               retaken=restarted)
             state = reading.state
-            if _stop_reason(store, job_id, agent, job):  # ended before the stream opened?
+            # ended before the stream opened? (just seen not to have, if this turn began now)
+            if (restart or restarted) and _stop_reason(store, job_id, agent, job):
                 state.ended = True
                 break
             stream = open_stream(model, messages, tools=tools, base_dir=get_settings().manifests,
@@ -449,7 +465,8 @@ def _handle(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
                 break
             state.batch.append((p.ACTION_PARSED, {"action": action.model_dump(mode="json")}))
             _flush(store, job_id, state)
-            if not _start_action(store, job_id, agent, planner, action, depth, model):
+            if not _start_action(store, job_id, agent, planner, action, depth, model,
+                                 retaken=state.retaken):
                 state.ended = True  # the job ended: nothing more is registered or sent
                 return None
             state.actions += 1
@@ -486,7 +503,7 @@ def _coalesce(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[s
 
 
 def _start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
-                  action: Action, depth: int, model: ModelConfig) -> bool:
+                  action: Action, depth: int, model: ModelConfig, *, retaken: bool) -> bool:
     """Register the action and send it if it is ready; False if the job has ended."""
     placed = planner.place(action)
     deps, after = list(placed.depends_on), list(placed.after)
@@ -501,7 +518,7 @@ def _start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPl
         refusal = f"dependency cycle: {action.id} -> {action.id}"
     if refusal is not None:  # registered (dependents may wait on it), never queued
         entry.update(deps=[], after=[], hold=True)
-    if store.spec(job_id, action.id) is not None:
+    if retaken and store.spec(job_id, action.id) is not None:
         # Registered by an earlier generation of this turn, whose coordinator died: never
         # dispatch it again, unless it is still `queued` (it may have died before sending it;
         # a second delivery of a sent one is harmless: `claim` runs an action once).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,13 +38,17 @@ class FeedError(CortexError, ValueError):
 
 
 # -- the feeds of a job ---------------------------------------------------------------------
-def job_feeds(store: Store, job_id: str, agent: str | None) -> dict[str, FeedSpec]:
-    """The manifest's feeds with the job's run-time changes applied (removed ones left out)."""
+def job_feeds(store: Store, job_id: str, agent: str | None,
+              changes: Mapping[str, dict[str, Any]] | None = None) -> dict[str, FeedSpec]:
+    """The manifest's feeds with the job's run-time changes applied (removed ones left out);
+    `changes`: those changes, if the caller read them already."""
     feeds: dict[str, FeedSpec] = {}
     if agent:
         spec = get_registry().agents.get(agent)
         feeds = {f.id: f for f in spec.context_feeds} if spec else {}
-    for feed_id, data in store.feed_changes(job_id).items():
+    if changes is None:
+        changes = store.feed_changes(job_id)
+    for feed_id, data in changes.items():
         if data.get("removed"):
             feeds.pop(feed_id, None)
         else:
@@ -194,10 +199,11 @@ def _run_workflow(store: Store, job_id: str, name: str, inputs: dict[str, Any]) 
     raise FeedError(f"workflow {name!r} did not finish within {SOURCE_TIMEOUT_S:g} s")
 
 
-def current_values(store: Store, job_id: str, agent: str | None) -> dict[str, Any]:
+def current_values(store: Store, job_id: str, agent: str | None,
+                   changes: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Values of the job's enabled feeds for a prompt: on_demand ones computed now, periodic
     ones as last refreshed. Each is also stored as the variable of the feed's id."""
-    feeds = {i: f for i, f in job_feeds(store, job_id, agent).items() if f.enabled}
+    feeds = {i: f for i, f in job_feeds(store, job_id, agent, changes).items() if f.enabled}
     if not feeds:
         return {}
     stored = store.variables(job_id, [i for i, f in feeds.items() if f.type == "periodic"])

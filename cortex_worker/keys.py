@@ -49,7 +49,7 @@ class JobKeys(NamedTuple):
     attempts: str  # hash: action id -> attempts started
     awaiting: str  # hash: actions the current turn waits for
     inbox: str  # list: actions finished since the turn began
-    conversation: str  # list: an agent's messages (Python only)
+    conversation: str  # list: an agent's messages (read by lua/turn_start.lua, written by Python)
     children: str  # set: child job ids
     feeds: str  # hash: feed id -> run-time feed change
     redrives: str  # hash: action id -> times the reconciler sent it again

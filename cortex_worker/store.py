@@ -97,6 +97,26 @@ class Dispatch:
     recorded: bool = True  # False: nothing changed (already recorded, or the job has ended)
 
 
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """An agent turn that is due: begun now, or taken over (`restarted`)."""
+
+    turn: int
+    finished: list[str]  # actions that finished before it began
+    restarted: bool
+    job: JobRecord  # as it was once the turn was this caller's
+
+
+@dataclass(frozen=True, slots=True)
+class TurnInputs:
+    """What `start_turn` logged and read."""
+
+    begun: bool  # the turn's start was logged (False: the job had ended)
+    results: dict[str, dict[str, Any]]  # result records of the actions asked for, if recorded
+    feed_changes: dict[str, dict[str, Any]]  # as `Store.feed_changes`
+    conversation: list[dict[str, Any]]
+
+
 class Store:
     """All reads and writes of job state go through here."""
 
@@ -104,7 +124,7 @@ class Store:
         self.redis = client
         self._scripts = {name: client.register_script(_lua(name))
                          for name in ("emit", "register", "claim", "finish", "retry", "close", "requeue",
-                                      "resume", "begin", "redrive", "approval_request",
+                                      "resume", "turn_start", "begin", "redrive", "approval_request",
                                       "approval_decide")}
         self._tool_scripts = {name: client.register_script(_lua(name, prelude=False))
                               for name in ("slot_take", "slot_give")}
@@ -458,14 +478,37 @@ class Store:
         return [json.loads(x) for x in self._run("requeue", job_id, action_id)]
 
     def resume(self, job_id: str, owner: str = "", lease_s: float = 30.0,
-               dead_owner: str = "") -> tuple[int, list[str], bool]:
+               dead_owner: str = "") -> Resumed | None:
         """Begin an agent's next turn as `owner`, or take over the turn in progress if its
-        owner is `dead_owner` or its lease expired (see lua/resume.lua). Returns (turn,
-        actions finished before it, restarted); turn 0 if no turn is due."""
+        owner is `dead_owner` or its lease expired (see lua/resume.lua); None if no turn is
+        due. The job record comes in the same round trip."""
         out = self._run("resume", job_id, owner, repr(lease_s), dead_owner)
         if not int(out[0]):
-            return 0, [], False
-        return int(out[0]), list(out[2:]), bool(int(out[1]))
+            return None
+        n = int(out[2])
+        record = out[3 + n:]
+        return Resumed(int(out[0]), list(out[3:3 + n]), bool(int(out[1])),
+                       JobRecord.from_hash(dict(zip(record[::2], record[1::2], strict=True))))
+
+    def start_turn(self, job_id: str, *, closing: Sequence[tuple[str, dict[str, Any]]] = (),
+                   fields: Mapping[str, Any] | None = None,
+                   begin: Sequence[tuple[str, dict[str, Any]]] = (),
+                   action_ids: Sequence[str] = ()) -> TurnInputs:
+        """A turn's start in one round trip (lua/turn_start.lua): log `closing` (the last
+        turn's end), set `fields` of the job record, log `begin` unless the job has ended, and
+        read the results of `action_ids`, the feed changes and the conversation."""
+        keys = job_keys(job_id)
+        closing_args = _event_args(closing)
+        out = self._run("turn_start", job_id, dumps(encode(dict(fields or {}))),
+                        dumps(list(action_ids)), str(len(closing_args)), *closing_args,
+                        *_event_args(begin), extra_keys=(keys.conversation, keys.feeds))
+        begun, results, changes, conversation = out
+        return TurnInputs(
+            begun=int(begun) != 0,
+            results={a: json.loads(v) for a, v in zip(action_ids, results, strict=True)
+                     if v is not None},
+            feed_changes={k: json.loads(v) for k, v in zip(changes[::2], changes[1::2], strict=True)},
+            conversation=[json.loads(m) for m in conversation])
 
     def results(self, job_id: str, action_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Result records of the given actions (those recorded)."""

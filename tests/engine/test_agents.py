@@ -64,6 +64,46 @@ def test_an_agent_runs_an_action_then_answers(store: Store, broker: StubBroker,
     assert llm.remaining(model) == 0
 
 
+def test_a_turn_reaches_the_model_in_two_redis_round_trips(
+        store: Store, broker: StubBroker, llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between a turn task's start and its model request lie only Redis round trips, on every
+    tool turn's critical path: one takes the turn with the job record (`resume`), one logs
+    the last turn's close and this one's start and reads the prompt's inputs (`start_turn`)."""
+    pool = store.redis.connection_pool
+    taken, real_resume, real_open = pool.get_connection, store.resume, coordinator.open_stream
+    calls = 0
+    before_request: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return taken(*args, **kwargs)
+
+    def resume(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls = 0  # a turn task begins
+        return real_resume(*args, **kwargs)
+
+    def open_stream(*args: Any, **kwargs: Any) -> Any:
+        before_request.append(calls)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(pool, "get_connection", counted)
+    monkeypatch.setattr(store, "resume", resume)
+    monkeypatch.setattr(coordinator, "open_stream", open_stream)
+    for _ in range(2):  # the first job also loads the scripts into Redis, once
+        model = f"engine-{uuid.uuid4().hex[:8]}"
+        llm.script(model, [turn(act("sum", "calculator", {"expression": "19 + 23"})),
+                           turn(final("The sum is $sum."))])
+        before_request.clear()
+        job_id = jobs.submit_agent(store, "tester", "Add.", options=JobOptions(model=model))
+        broker.join()
+        assert status(store, job_id) == "completed"
+    assert before_request == [2, 2]
+    assert llm.requests(model)[1]["messages"][-1]["content"] == \
+        '<result id="sum" status="ok">42</result>'
+
+
 def test_an_agent_action_runs_a_child_agent(store: Store, broker: StubBroker,
                                             llm: FakeLLM) -> None:
     model = f"engine-{uuid.uuid4().hex[:8]}"
