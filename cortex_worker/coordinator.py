@@ -115,13 +115,16 @@ def run_turns(store: Store, job_id: str) -> None:
                 if closed is None:
                     return
                 closing = closed
-            if phase != "generated":
+            if phase == "generated":  # it died before it closed the turn's plan
+                drained = store.register(job_id, [], close=True).drained
+            else:
                 with tracing.span(f"turn {turn}", job_id, {
                         "cortex.job.id": job_id, "cortex.agent": agent.name, "cortex.turn": turn}):
                     turn_state = _generate(store, job_id, job, agent, turn, resumed.finished,
                                            closing, restarted=restarted)
                 if turn_state is None:
                     return
+                drained = turn_state.drained
         except ModelError as exc:
             end_job(store, job_id, "failed", error=f"model error: {exc}")
             return
@@ -138,7 +141,7 @@ def run_turns(store: Store, job_id: str) -> None:
             end_job(store, job_id, "failed", turns=turn,
                     error=f"internal error in turn {turn}: {type(exc).__name__}: {exc}")
             return
-        if not store.register(job_id, [], close=True).drained:
+        if not drained:
             return  # the last awaited action to finish sends the next turn
 
 
@@ -187,6 +190,7 @@ class _Turn:
     tagged: bool = False  # the model wrote protocol (a tag, or a malformed one)
     plain: list[str] = field(default_factory=list)  # text outside any tag
     native: list[tuple[ToolCall, str]] = field(default_factory=list)  # (call, its protocol text)
+    drained: bool = False  # once it ended: nothing is left to wait for, the next turn is due
     retaken: bool = False  # the turn was taken over: its dead coordinator may have registered
     #                        some of its actions already
 
@@ -392,7 +396,6 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
             for c in native]
     elif assistant["content"] is None:
         assistant["content"] = ""
-    store.append_conversation(job_id, *messages[len(messages) - fresh:], assistant)
     idle = state.actions == 0 and not state.final
     fields: dict[str, Any] = {
         "native_calls": [{"id": c.id, "action_id": protocol_id(c.id)} for c in native],
@@ -406,13 +409,15 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     estimated = usage is None and state.stopped_at is not None
     if estimated:  # we closed the stream before the endpoint sent its counts
         usage = estimate_usage(messages, deltas)
+    events: list[tuple[str, dict[str, Any]]] = []
     if usage is not None:
         fields["prompt_tokens"] = job.prompt_tokens + usage.prompt_tokens
         fields["completion_tokens"] = job.completion_tokens + usage.completion_tokens
-        store.emit(job_id, [("usage", {"turn": turn, "prompt_tokens": usage.prompt_tokens,
-                                       "completion_tokens": usage.completion_tokens,
-                                       **({"estimated": True} if estimated else {})})])
-    store.set_job(job_id, **fields)
+        events.append(("usage", {"turn": turn, "prompt_tokens": usage.prompt_tokens,
+                                 "completion_tokens": usage.completion_tokens,
+                                 **({"estimated": True} if estimated else {})}))
+    state.drained = store.end_turn(job_id, [*messages[len(messages) - fresh:], assistant], fields,
+                                   events)
     return state
 
 

@@ -124,7 +124,7 @@ class Store:
         self.redis = client
         self._scripts = {name: client.register_script(_lua(name))
                          for name in ("emit", "register", "claim", "finish", "retry", "close", "requeue",
-                                      "resume", "turn_start", "begin", "redrive", "approval_request",
+                                      "resume", "turn_start", "turn_end", "begin", "redrive", "approval_request",
                                       "approval_decide")}
         self._tool_scripts = {name: client.register_script(_lua(name, prelude=False))
                               for name in ("slot_take", "slot_give")}
@@ -509,6 +509,16 @@ class Store:
                      if v is not None},
             feed_changes={k: json.loads(v) for k, v in zip(changes[::2], changes[1::2], strict=True)},
             conversation=[json.loads(m) for m in conversation])
+
+    def end_turn(self, job_id: str, messages: Sequence[dict[str, Any]], fields: Mapping[str, Any],
+                 events: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
+        """A turn's end in one round trip (lua/turn_end.lua): append `messages` to the
+        conversation, log `events`, set `fields`, close the turn's plan; True if the job
+        drained (its next turn is due now)."""
+        out = self._run("turn_end", job_id, dumps(encode(dict(fields))), str(len(messages)),
+                        *[dumps(m) for m in messages], *_event_args(events),
+                        extra_keys=(job_keys(job_id).conversation,))
+        return bool(int(out))
 
     def results(self, job_id: str, action_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Result records of the given actions (those recorded)."""
