@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	scripts/test.sh
 
 lint: install
 	$(BIN)/ruff check .

@@ -28,6 +28,7 @@ import httpx
 import pytest
 
 from cortex_api.stack import GRACE_S, redis_binary
+from cortex_worker.record import JOB_TERMINAL
 from tests import harness
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
@@ -136,7 +137,7 @@ def _run_up(env: dict[str, str], tmp_path: Path, *extra: str) -> None:
 
         def finished() -> dict[str, Any] | None:
             job = httpx.get(f"{api}/v1/jobs/{job_id}", timeout=5).json()
-            return job if job["status"] not in ("queued", "running") else None
+            return job if job["status"] in JOB_TERMINAL else None  # not `finishing` either
 
         job = harness.wait_until(finished, timeout=20, interval=0.1,
                                  message=lambda: up.describe(80))
