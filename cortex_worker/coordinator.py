@@ -166,7 +166,7 @@ def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: Agent
         error = f"wall time limit ({agent.max_wall_time_s:g} s) reached"
     else:
         return events, {**fields, "turn_phase": "generating"}
-    store.start_turn(job_id, closing=events, fields=fields)
+    store.start_turn(job_id, closing=events, fields=fields, action_ids=None)
     ran = turn - 1  # `turn` is the one about to start; it never runs if the job ends here
     if error is None:
         end_job(store, job_id, "completed", result=result, turns=ran)

@@ -493,19 +493,21 @@ class Store:
     def start_turn(self, job_id: str, *, closing: Sequence[tuple[str, dict[str, Any]]] = (),
                    fields: Mapping[str, Any] | None = None,
                    begin: Sequence[tuple[str, dict[str, Any]]] = (),
-                   action_ids: Sequence[str] = ()) -> TurnInputs:
+                   action_ids: Sequence[str] | None = ()) -> TurnInputs:
         """A turn's start in one round trip (lua/turn_start.lua): log `closing` (the last
         turn's end), set `fields` of the job record, log `begin` unless the job has ended, and
-        read the results of `action_ids`, the feed changes and the conversation."""
+        read the results of `action_ids`, the feed changes and the conversation (nothing if
+        `action_ids` is None: the job ends instead of starting a turn)."""
         keys = job_keys(job_id)
         closing_args = _event_args(closing)
         out = self._run("turn_start", job_id, dumps(encode(dict(fields or {}))),
-                        dumps(list(action_ids)), str(len(closing_args)), *closing_args,
-                        *_event_args(begin), extra_keys=(keys.conversation, keys.feeds))
-        begun, results, changes, conversation = out
+                        dumps(None if action_ids is None else list(action_ids)),
+                        str(len(closing_args)), *closing_args, *_event_args(begin),
+                        extra_keys=(keys.conversation, keys.feeds))
+        begun, results, changes, conversation = (*out, [], [], [])[:4]
         return TurnInputs(
             begun=int(begun) != 0,
-            results={a: json.loads(v) for a, v in zip(action_ids, results, strict=True)
+            results={a: json.loads(v) for a, v in zip(action_ids or (), results, strict=True)
                      if v is not None},
             feed_changes={k: json.loads(v) for k, v in zip(changes[::2], changes[1::2], strict=True)},
             conversation=[json.loads(m) for m in conversation])

@@ -1,11 +1,12 @@
 -- The start of an agent's turn, in one call: log the last turn's close, write the job's
 -- fields, log the turn's start (only while the job has not ended), and read what its prompt
 -- needs. KEYS[17]: the conversation, KEYS[18]: the run-time feed changes.
--- ARGV[3]: JSON object of job fields, [4]: JSON list of action ids whose results to read,
--- [5]: how many of the kind, data pairs from ARGV[6] on close the last turn (the rest begin
--- this one).
+-- ARGV[3]: JSON object of job fields, [4]: JSON list of action ids whose results to read, or
+-- null to read nothing (the job ends instead), [5]: how many of the kind, data pairs from
+-- ARGV[6] on close the last turn (the rest begin this one).
 -- Returns {seq of the last begin event (0: the job had ended, none logged; -1: none asked),
--- results (one per id, nil if unrecorded), feed changes (field, value, ...), conversation}.
+-- then, unless ARGV[4] is null: results (one per id, nil if unrecorded), feed changes (field,
+-- value, ...), conversation}.
 local fields, ids = cjson.decode(ARGV[3]), cjson.decode(ARGV[4])
 local closing = 5 + tonumber(ARGV[5])
 for i = 6, closing, 2 do emit(ARGV[i], ARGV[i + 1]) end
@@ -21,6 +22,7 @@ if #ARGV > closing then
     for i = closing + 1, #ARGV, 2 do begun = emit(ARGV[i], ARGV[i + 1]) end
   end
 end
+if ids == cjson.null then return {begun} end
 local results = {}
 if #ids > 0 then results = redis.call('HMGET', K_RESULT, unpack(ids)) end
 return {begun, results, redis.call('HGETALL', KEYS[18]), redis.call('LRANGE', KEYS[17], 0, -1)}
