@@ -169,3 +169,28 @@ def test_a_turn_the_store_failed_is_taken_over_once_its_lease_runs_out(
     log = events(store, job_id)
     assert one(log, "warning")["kind"] == "turn_restarted"
     assert log[-1]["data"]["result"] == "done"
+
+
+def test_a_turn_that_starts_after_its_job_ended_logs_its_close_but_never_begins(
+        store: Store) -> None:
+    """Cancelled between `resume` and the turn's start: the last turn's close is still logged
+    and its fields written, but no `turn_started` follows `job_cancelled` and no turn runs;
+    its end then closes nothing and reports the job not drained."""
+    job_id = f"turns-{uuid.uuid4().hex[:8]}"
+    store.create_job(job_id, {"kind": "agent", "agent": "tester"}, ttl=600)
+    resumed = store.resume(job_id, "me:1")
+    assert resumed is not None and resumed.turn == 1 and resumed.job.status == "running"
+    store.append_conversation(job_id, {"role": "user", "content": "hi"})
+    inputs = store.start_turn(job_id, begin=[("turn_started", {"turn": 1})], action_ids=[])
+    assert inputs.begun and inputs.conversation == [{"role": "user", "content": "hi"}]
+
+    jobs.cancel_job(store, job_id)
+    inputs = store.start_turn(job_id, closing=[("turn_completed", {"turn": 1})],
+                              fields={"turn_phase": "generating"},
+                              begin=[("turn_started", {"turn": 2})], action_ids=["x"])
+    assert not inputs.begun and inputs.results == {}
+    kinds = [e["type"] for e in events(store, job_id)]
+    assert kinds[-2:] == ["job_cancelled", "turn_completed"] and kinds.count("turn_started") == 1
+    assert store.peek(job_id, "turn_phase").turn_phase == "generating"
+    assert not store.end_turn(job_id, [{"role": "assistant", "content": "late"}], {"final": True})
+    assert status(store, job_id) == "cancelled"
