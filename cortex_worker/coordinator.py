@@ -305,9 +305,8 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     if not restarted:
         first = [("job_started", {"kind": "agent", "agent": agent.name})] if turn == 1 else []
         begin = [*first, ("turn_started", {"turn": turn})]
-    native = [c["action_id"] for c in job.native_calls]
     inputs = store.start_turn(job_id, closing=closing[0], fields=closing[1], begin=begin,
-                              action_ids=[*native, *finished])
+                              action_ids=[*(c["action_id"] for c in job.native_calls), *finished])
     if not inputs.begun:
         return None  # it ended (cancelled) before this turn began
     messages, fresh = _prompt(store, job_id, job, agent, turn, finished, inputs)

@@ -504,10 +504,13 @@ class Store:
                         dumps(None if action_ids is None else list(action_ids)),
                         str(len(closing_args)), *closing_args, *_event_args(begin),
                         extra_keys=(keys.conversation, keys.feeds))
-        begun, results, changes, conversation = (*out, [], [], [])[:4]
+        begun = int(out[0]) != 0
+        if action_ids is None:
+            return TurnInputs(begun=begun, results={}, feed_changes={}, conversation=[])
+        _, results, changes, conversation = out
         return TurnInputs(
-            begun=int(begun) != 0,
-            results={a: json.loads(v) for a, v in zip(action_ids or (), results, strict=True)
+            begun=begun,
+            results={a: json.loads(v) for a, v in zip(action_ids, results, strict=True)
                      if v is not None},
             feed_changes={k: json.loads(v) for k, v in zip(changes[::2], changes[1::2], strict=True)},
             conversation=[json.loads(m) for m in conversation])

@@ -7,7 +7,7 @@ if JOB_TERMINAL[cur] then return false end
 if ARGV[5] ~= '' and cur ~= ARGV[5] then return false end
 redis.call('HSET', K_JOB, 'status', ARGV[3], 'finished_at', NOW)
 m_job_ended(ARGV[3])
-for k, v in pairs(cjson.decode(ARGV[4])) do redis.call('HSET', K_JOB, k, v) end
+set_fields(ARGV[4])
 local live = {}
 local statuses = redis.call('HGETALL', K_STATUS)
 for i = 1, #statuses, 2 do

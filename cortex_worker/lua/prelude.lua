@@ -10,6 +10,11 @@ local JOB_TERMINAL = {completed = true, failed = true, cancelled = true}
 local ENDED_CHANNEL = 'cx:ended'  -- keys.ENDED_CHANNEL: the id of every job that ends
 local ACTIVE_JOBS = 'cx:active'  -- keys.ACTIVE_JOBS: jobs that have not ended
 
+-- Set fields of the job record from a JSON object of strings (as record.encode makes them).
+local function set_fields(json)
+  for k, v in pairs(cjson.decode(json)) do redis.call('HSET', K_JOB, k, v) end
+end
+
 -- Whether the job is gone or has ended: nothing new may be registered, started or logged for it.
 local function job_ended()
   local st = redis.call('HGET', K_JOB, 'status')

@@ -7,14 +7,10 @@
 -- Returns {seq of the last begin event (0: the job had ended, none logged; -1: none asked),
 -- then, unless ARGV[4] is null: results (one per id, nil if unrecorded), feed changes (field,
 -- value, ...), conversation}.
-local fields, ids = cjson.decode(ARGV[3]), cjson.decode(ARGV[4])
+local ids = cjson.decode(ARGV[4])
 local closing = 5 + tonumber(ARGV[5])
 for i = 6, closing, 2 do emit(ARGV[i], ARGV[i + 1]) end
-if next(fields) ~= nil and redis.call('EXISTS', K_JOB) == 1 then
-  local flat = {}
-  for k, v in pairs(fields) do table.insert(flat, k); table.insert(flat, v) end
-  redis.call('HSET', K_JOB, unpack(flat))
-end
+if redis.call('EXISTS', K_JOB) == 1 then set_fields(ARGV[3]) end
 local begun = -1
 if #ARGV > closing then
   begun = 0
