@@ -2,9 +2,13 @@
 
 A turn streams the model through the parser, logs thought and response chunks as they arrive,
 and registers and dispatches each action the moment its `</action>` closes. A sync action ends
-the generation. The turn then closes its plan and the task returns: no slot is held while
-actions run. The last of the turn's awaited actions to finish sends the next turn (see
-`jobs.on_drained`), whose prompt carries their `<result>` blocks.
+the generation. The turn then closes its plan. The last of the turn's awaited actions to finish
+sends the next turn (see `jobs.on_drained`), whose prompt carries their `<result>` blocks.
+
+While the actions run, the turn's thread waits in place for them (`turn_wait_s`, in at most
+half of an agent worker's threads): the drain is then published to this process instead of
+sent as a task, and the next turn starts without a trip through the queue. A turn that cannot
+wait, or has waited long enough, returns and leaves its thread free.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -32,6 +38,7 @@ from cortex_worker.agents.prompt import (
 )
 from cortex_worker.agents.spec import AgentSpec
 from cortex_worker.chunk_writer import ChunkWriter
+from cortex_worker.job_ends import Watch
 from cortex_worker.kinds import KINDS, render_responses
 from cortex_worker.liveness import is_dead
 from cortex_worker.llm.config import ModelConfig
@@ -68,6 +75,52 @@ TURN_LEASE_S = 30.0  # a turn whose owner has not renewed it this long may be ta
 RESULT_CHARS = 4000
 CHUNK_EVENTS = {p.TEXT, p.THOUGHT_CHUNK, p.RESPONSE_CHUNK, p.THOUGHT_END, p.CONTEXT_FEED,
                 p.WARNING, p.PROTOCOL_ERROR}
+
+
+WAIT_SLICE_S = 0.5  # a waiting turn looks this often whether its worker is shutting down
+
+_wait_slots: threading.Semaphore | None = None
+_shutting_down = threading.Event()
+
+
+def wait_in_place(threads: int) -> None:
+    """Let up to half of this agent worker's `threads` hold a turn that waits for its actions
+    (called as a threaded worker starts: a turn run inline, by the stub broker or eagerly, or
+    in a one-thread process, never waits)."""
+    global _wait_slots
+    _wait_slots = threading.Semaphore(threads // 2) if threads >= 2 else None
+    _shutting_down.clear()
+
+
+def stop_waiting() -> None:
+    """The worker is shutting down: waiting turns stop waiting within WAIT_SLICE_S."""
+    _shutting_down.set()
+
+
+@contextmanager
+def _wait_slot() -> Iterator[str]:
+    """This process's owner name if the turn may wait in place for its actions, else ''."""
+    slots = _wait_slots
+    if (slots is None or _shutting_down.is_set() or get_settings().turn_wait_s <= 0
+            or not slots.acquire(blocking=False)):
+        yield ""
+        return
+    try:
+        yield owner()
+    finally:
+        slots.release()
+
+
+def _waited(store: Store, job_id: str, pushed: Watch, waiter: str) -> bool:
+    """Wait for the job's drain to be pushed here; True if this thread takes the next turn."""
+    deadline = time.monotonic() + get_settings().turn_wait_s
+    while not _shutting_down.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        if pushed.drained.wait(min(left, WAIT_SLICE_S)):
+            return True  # drained (or ended: `resume` then finds no turn due)
+    return store.unwait(job_id, waiter)
 
 
 def _resume(store: Store, job_id: str) -> Resumed | None:
@@ -115,16 +168,19 @@ def run_turns(store: Store, job_id: str) -> None:
                 if closed is None:
                     return
                 closing = closed
-            if phase == "generated":  # it died before it closed the turn's plan
-                drained = store.register(job_id, [], close=True).drained
-            else:
-                with tracing.span(f"turn {turn}", job_id, {
-                        "cortex.job.id": job_id, "cortex.agent": agent.name, "cortex.turn": turn}):
-                    turn_state = _generate(store, job_id, job, agent, turn, resumed.finished,
-                                           closing, restarted=restarted)
-                if turn_state is None:
-                    return
-                drained = turn_state.drained
+            with get_job_ends().watch(job_id) as pushed, _wait_slot() as waiter:
+                if phase == "generated":  # it died before it closed the turn's plan
+                    drained = store.register(job_id, [], close=True).drained
+                else:
+                    with tracing.span(f"turn {turn}", job_id, {"cortex.job.id": job_id,
+                                      "cortex.agent": agent.name, "cortex.turn": turn}):
+                        turn_state = _generate(store, job_id, job, agent, turn, resumed.finished,
+                                               closing, pushed, waiter, restarted=restarted)
+                    if turn_state is None:
+                        return
+                    drained = turn_state.drained
+                if not drained and not (waiter and _waited(store, job_id, pushed, waiter)):
+                    return  # the last awaited action to finish sends the next turn
         except ModelError as exc:
             end_job(store, job_id, "failed", error=f"model error: {exc}")
             return
@@ -141,8 +197,6 @@ def run_turns(store: Store, job_id: str) -> None:
             end_job(store, job_id, "failed", turns=turn,
                     error=f"internal error in turn {turn}: {type(exc).__name__}: {exc}")
             return
-        if not drained:
-            return  # the last awaited action to finish sends the next turn
 
 
 def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: AgentSpec,
@@ -300,7 +354,8 @@ class _Reading:
 
 
 def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
-              finished: list[str], closing: Closing, restarted: bool = False) -> _Turn | None:
+              finished: list[str], closing: Closing, pushed: Watch, waiter: str,
+              restarted: bool = False) -> _Turn | None:
     begin: list[tuple[str, dict[str, Any]]] = []
     if not restarted:
         first = [("job_started", {"kind": "agent", "agent": agent.name})] if turn == 1 else []
@@ -316,48 +371,47 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     model = KINDS["agent"].model(job) or agent.model
     grammar = _grammar(agent, model)
     depth = job.depth
-    with get_job_ends().watch(job_id) as job_ended:
-        for restart in range(TURN_RESTARTS + 1):
-            reading = _Reading(store, job_id, job, agent, planner, depth, model, names, job_ended,
-                               retaken=restarted)
-            state = reading.state
-            # ended before the stream opened? (just seen not to have, if this turn began now)
-            if (restart or restarted) and _stop_reason(store, job_id, agent, job):
-                state.ended = True
-                break
-            stream = open_stream(model, messages, tools=tools, base_dir=get_settings().manifests,
-                                 grammar=grammar, take=reading.take)
-            try:
-                for events in stream:  # only when this thread has something to do
-                    if job_ended.is_set():
+    for restart in range(TURN_RESTARTS + 1):
+        reading = _Reading(store, job_id, job, agent, planner, depth, model, names, pushed.ended,
+                           retaken=restarted)
+        state = reading.state
+        # ended before the stream opened? (just seen not to have, if this turn began now)
+        if (restart or restarted) and _stop_reason(store, job_id, agent, job):
+            state.ended = True
+            break
+        stream = open_stream(model, messages, tools=tools, base_dir=get_settings().manifests,
+                             grammar=grammar, take=reading.take)
+        try:
+            for events in stream:  # only when this thread has something to do
+                if pushed.ended.is_set():
+                    state.ended = True
+                    break
+                if time.monotonic() >= reading.check_at:  # out of time, or a missed end?
+                    reading.next_check()
+                    if _stop_reason(store, job_id, agent, job, renew=True):
                         state.ended = True
                         break
-                    if time.monotonic() >= reading.check_at:  # out of time, or a missed end?
-                        reading.next_check()
-                        if _stop_reason(store, job_id, agent, job, renew=True):
-                            state.ended = True
-                            break
-                    _handle(store, job_id, agent, planner, events, state, depth, model)
-                    if state.stopped_at is not None or state.ended:
-                        break
-            except ModelError as exc:
-                # A failure before the first piece was retried by the gateway (max_retries);
-                # a stream that broke after output arrived restarts the turn, TURN_RESTARTS times.
-                if reading.deltas and exc.retryable and state.actions == 0 and restart < TURN_RESTARTS:
-                    _flush(store, job_id, state)
-                    store.emit(job_id, [("warning", {
-                        "kind": "model_retry",
-                        "message": f"the model stream broke ({exc}); turn restarted"})], live=True)
-                    continue
-                if restart:
-                    exc.message += f"; the turn was restarted {restart} time(s) after its stream broke"
-                    exc.args = (exc.message,)
-                raise
-            finally:
-                close = getattr(stream, "close", None)
-                if close:
-                    close()
-            break
+                _handle(store, job_id, agent, planner, events, state, depth, model)
+                if state.stopped_at is not None or state.ended:
+                    break
+        except ModelError as exc:
+            # A failure before the first piece was retried by the gateway (max_retries);
+            # a stream that broke after output arrived restarts the turn, TURN_RESTARTS times.
+            if reading.deltas and exc.retryable and state.actions == 0 and restart < TURN_RESTARTS:
+                _flush(store, job_id, state)
+                store.emit(job_id, [("warning", {
+                    "kind": "model_retry",
+                    "message": f"the model stream broke ({exc}); turn restarted"})], live=True)
+                continue
+            if restart:
+                exc.message += f"; the turn was restarted {restart} time(s) after its stream broke"
+                exc.args = (exc.message,)
+            raise
+        finally:
+            close = getattr(stream, "close", None)
+            if close:
+                close()
+        break
     parser, text, usage, deltas = reading.parser, reading.text, reading.usage, reading.deltas
     if state.ended:
         _flush(store, job_id, state)
@@ -416,7 +470,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
                                  "completion_tokens": usage.completion_tokens,
                                  **({"estimated": True} if estimated else {})}))
     state.drained = store.end_turn(job_id, [*messages[len(messages) - fresh:], assistant], fields,
-                                   events)
+                                   events, waiter=waiter)
     return state
 
 

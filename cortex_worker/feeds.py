@@ -178,7 +178,7 @@ def _run_workflow(store: Store, job_id: str, name: str, inputs: dict[str, Any]) 
     child = submit_workflow(store, name, inputs, options=JobOptions(), tenant=tenant)
     deadline = time.monotonic() + SOURCE_TIMEOUT_S
     ends = get_job_ends()
-    with ends.watch(child) as child_ended:
+    with ends.watch(child) as pushed:
         while time.monotonic() < deadline:
             job = store.peek(child, "status", "result", "error")
             if job is not None and job.ended:
@@ -194,7 +194,7 @@ def _run_workflow(store: Store, job_id: str, name: str, inputs: dict[str, Any]) 
                 raise FeedError(f"job {job_id} ended before workflow {name!r} did")
             # woken by the child's end; the wanting job's end (and an end that pub/sub missed
             # while reconnecting) is seen within a second
-            child_ended.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+            pushed.ended.wait(min(1.0, max(0.0, deadline - time.monotonic())))
     cancel_job(store, child, reason=f"a context feed waited {SOURCE_TIMEOUT_S:g} s for it")
     raise FeedError(f"workflow {name!r} did not finish within {SOURCE_TIMEOUT_S:g} s")
 

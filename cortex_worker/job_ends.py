@@ -1,10 +1,13 @@
-"""Job ends pushed to this process, so a streaming turn stops the moment its job is cancelled.
+"""Job ends and drains pushed to this process: a streaming turn stops the moment its job is
+cancelled, and a turn waiting in place takes the next one the moment its job drains.
 
-The `close` script publishes the id of every job that ends on `ENDED_CHANNEL`. One thread per
-process listens and sets the `threading.Event` of each job a turn here is watching; the turn
-tests that event at every piece of the model's stream (no Redis call per token). Pub/sub is
-fire-and-forget: while the listener is reconnecting a message can be missed, so turns still
-look at the job's status now and then (`coordinator.STATUS_CHECK_S`) as a backstop.
+The `close` script publishes the id of every job that ends on `ENDED_CHANNEL`; `job_drained`
+publishes the id of a job that drained on the channel of the process whose turn waits for it
+(`wake_channel`). One thread per process listens to both and sets the events of each job a
+turn here is watching; the turn tests them at every piece of the model's stream (no Redis call
+per token). Pub/sub is fire-and-forget: while the listener is reconnecting a message can be
+missed, so turns still look at the job's status now and then (`coordinator.STATUS_CHECK_S`),
+and a waiting turn asks whether the drain came when it stops waiting (`Store.unwait`).
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import redis
 
-from cortex_worker.keys import ENDED_CHANNEL
+from cortex_worker.keys import ENDED_CHANNEL, wake_channel
+from cortex_worker.owners import owner
 
 log = logging.getLogger(__name__)
 
@@ -25,33 +30,43 @@ RECONNECT_S = 0.5
 POLL_S = 1.0  # the listener looks at `close` this often
 
 
+@dataclass(frozen=True)
+class Watch:
+    """What was pushed about one watched job."""
+
+    ended: threading.Event = field(default_factory=threading.Event)
+    #: set when the job's drain is handed to this process, or when it ended: either way a turn
+    #: waiting in place for it stops waiting
+    drained: threading.Event = field(default_factory=threading.Event)
+
+
 class JobEnds:
-    """Which watched jobs have ended, as told by Redis pub/sub."""
+    """Which watched jobs have ended or drained, as told by Redis pub/sub."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._events: dict[str, list[threading.Event]] = {}
+        self._watches: dict[str, list[Watch]] = {}
         self._lock = threading.Lock()
         self._subscribed = threading.Event()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
 
     @contextmanager
-    def watch(self, job_id: str) -> Iterator[threading.Event]:
-        """An event that is set when `job_id` ends, for the duration of the block."""
+    def watch(self, job_id: str) -> Iterator[Watch]:
+        """The events of `job_id`'s end and drain, set for the duration of the block."""
         self._start()
-        event = threading.Event()
+        watch = Watch()
         with self._lock:
-            self._events.setdefault(job_id, []).append(event)
+            self._watches.setdefault(job_id, []).append(watch)
         try:
-            yield event
+            yield watch
         finally:
             with self._lock:
-                events = self._events.get(job_id, [])
-                if event in events:
-                    events.remove(event)
-                if not events:
-                    self._events.pop(job_id, None)
+                watches = self._watches.get(job_id, [])
+                if watch in watches:
+                    watches.remove(watch)
+                if not watches:
+                    self._watches.pop(job_id, None)
 
     def _start(self) -> None:
         """Start the listener if it is not running, and then let it subscribe first (a turn
@@ -75,12 +90,13 @@ class JobEnds:
         while not self._closed.is_set():
             pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             try:
-                pubsub.subscribe(ENDED_CHANNEL)
+                wake = wake_channel(owner())
+                pubsub.subscribe(ENDED_CHANNEL, wake)
                 self._subscribed.set()
                 while not self._closed.is_set():
                     message = pubsub.get_message(timeout=POLL_S)
                     if message is not None and message.get("type") == "message":
-                        self._ended(str(message["data"]))
+                        self._pushed(str(message["data"]), ended=str(message["channel"]) != wake)
             except redis.RedisError as exc:
                 log.warning("job-end listener lost Redis (%s); reconnecting", exc)
             finally:
@@ -88,8 +104,10 @@ class JobEnds:
                 pubsub.close()
             self._closed.wait(RECONNECT_S)
 
-    def _ended(self, job_id: str) -> None:
+    def _pushed(self, job_id: str, *, ended: bool) -> None:
         with self._lock:
-            events = list(self._events.get(job_id, ()))
-        for event in events:
-            event.set()
+            watches = list(self._watches.get(job_id, ()))
+        for watch in watches:
+            if ended:
+                watch.ended.set()
+            watch.drained.set()

@@ -82,6 +82,12 @@ def alive_key(owner: str) -> str:
     return f"{PREFIX}:alive:{owner}"
 
 
+def wake_channel(owner: str) -> str:
+    """Pub/sub channel on which a drain is handed to the agent turn of `owner` (host:pid) that
+    waits in place for it (the job record's `turn_waiter`, see lua/prelude.lua: job_drained)."""
+    return f"{PREFIX}:wake:{owner}"
+
+
 def tool_slots_key(tool: str) -> str:
     """Sorted set: the calls of a `max_concurrency` tool running now (`job:action` scored by
     the end of its lease, so a dead worker's slot frees itself)."""

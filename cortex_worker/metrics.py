@@ -109,14 +109,21 @@ class CortexCollector(Collector):
         actions_ended = CounterMetricFamily(
             "cortex_actions_ended", "Actions ended, by action type and final status.",
             labels=["type", "status"])
+        drains = CounterMetricFamily(
+            "cortex_agent_drains", "Agent jobs left with nothing to wait for (their next turn, or "
+            "their end, is due), by who took it: in_place (the coordinator's thread, at its "
+            "turn's end or waiting for the actions) or queued (a turn task sent to the pool).",
+            labels=["taken"])
+        families = {"jobs_ended": (jobs_ended, 2), "actions_ended": (actions_ended, 3),
+                    "agent_drains": (drains, 2)}
         for field, value in sorted(counters.items()):
             parts = field.split("|")
-            if parts[0] == "jobs_ended" and len(parts) == 2:
-                jobs_ended.add_metric([parts[1]], int(value))
-            elif parts[0] == "actions_ended" and len(parts) == 3:
-                actions_ended.add_metric(parts[1:], int(value))
+            family, size = families.get(parts[0], (None, 0))
+            if family is not None and len(parts) == size:
+                family.add_metric(parts[1:], int(value))
         yield jobs_ended
         yield actions_ended
+        yield drains
         yield _histogram_family(
             "cortex_action_dispatch_seconds",
             "Time from an action being queued to a worker claiming it, by action type.",

@@ -82,6 +82,7 @@ class JobRecord(BaseModel):
     turn_owner: str = ""
     turn_phase: str = ""
     turn_lease: float | None = None
+    turn_waiter: str = ""  # the process whose turn waits in place for the job to drain
     prompt_tokens: int = 0
     completion_tokens: int = 0
 

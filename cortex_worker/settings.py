@@ -71,6 +71,10 @@ class Settings(BaseSettings):
                                   "not said so for this long is dead: its work is sent again")
     reconcile_every_s: float = Field(default=5.0, gt=0, description="how often one worker "
                                      "process (any) looks for lost work")
+    turn_wait_s: float = Field(default=10.0, ge=0, description="how long an agent turn whose "
+                               "actions still run waits for them in its thread (at most half "
+                               "of an agent worker's threads wait), so that the next turn starts "
+                               "without a trip through the queue; 0: never")
     redrive_grace_s: float = Field(default=10.0, gt=0, description="how long a start, turn or "
                                    "queued action may sit untouched before it is sent again "
                                    "(doubling each time)")

@@ -123,9 +123,9 @@ class Store:
     def __init__(self, client: redis.Redis) -> None:
         self.redis = client
         self._scripts = {name: client.register_script(_lua(name))
-                         for name in ("emit", "register", "claim", "finish", "retry", "close", "requeue",
-                                      "resume", "turn_start", "turn_end", "begin", "redrive", "approval_request",
-                                      "approval_decide")}
+                         for name in ("emit", "register", "claim", "finish", "retry", "close",
+                                      "requeue", "resume", "turn_start", "turn_end", "turn_unwait",
+                                      "begin", "redrive", "approval_request", "approval_decide")}
         self._tool_scripts = {name: client.register_script(_lua(name, prelude=False))
                               for name in ("slot_take", "slot_give")}
 
@@ -516,14 +516,20 @@ class Store:
             conversation=[json.loads(m) for m in conversation])
 
     def end_turn(self, job_id: str, messages: Sequence[dict[str, Any]], fields: Mapping[str, Any],
-                 events: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
+                 events: Sequence[tuple[str, dict[str, Any]]] = (), *, waiter: str = "") -> bool:
         """A turn's end in one round trip (lua/turn_end.lua): append `messages` to the
         conversation, log `events`, set `fields`, close the turn's plan; True if the job
-        drained (its next turn is due now)."""
-        out = self._run("turn_end", job_id, dumps(encode(dict(fields))), str(len(messages)),
+        drained (its next turn is due now). If not, and `waiter` (host:pid) is given, its
+        drain is published to that process instead of being left to whoever drains it."""
+        out = self._run("turn_end", job_id, dumps(encode(dict(fields))), waiter, str(len(messages)),
                         *[dumps(m) for m in messages], *_event_args(events),
                         extra_keys=(job_keys(job_id).conversation,))
         return bool(int(out))
+
+    def unwait(self, job_id: str, waiter: str) -> bool:
+        """`waiter` stops waiting in place for the job to drain (lua/turn_unwait.lua): True if
+        the drain was handed to it already (it takes the next turn)."""
+        return bool(int(self._run("turn_unwait", job_id, waiter)))
 
     def results(self, job_id: str, action_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Result records of the given actions (those recorded)."""

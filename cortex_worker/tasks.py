@@ -10,6 +10,7 @@ from celery.signals import (
     worker_process_init,
     worker_process_shutdown,
     worker_shutdown,
+    worker_shutting_down,
 )
 
 from cortex_worker import coordinator, dispatch, executor, feeds, jobs, reconciler, tracing
@@ -28,11 +29,19 @@ def _init_process(**_: Any) -> None:
 
 
 @worker_init.connect
-def _init_worker(**_: Any) -> None:
+def _init_worker(sender: Any = None, **_: Any) -> None:
     # The worker's own process: threaded pools run their tasks here; a prefork parent beats
     # and reconciles too (its children start their own heartbeat after the fork).
     tracing.configure("cortex-worker")
     reconciler.start(get_store(), get_settings())
+    if sender is not None and "thread" in str(sender.pool_cls) \
+            and "agent" in sender.app.amqp.queues.consume_from:
+        coordinator.wait_in_place(int(sender.concurrency))
+
+
+@worker_shutting_down.connect
+def _stop_waiting(**_: Any) -> None:
+    coordinator.stop_waiting()  # a warm shutdown does not wait for turns that only wait
 
 
 @worker_process_shutdown.connect

@@ -173,14 +173,26 @@ local function settle(id, status, record, value, output_key, event, out)
   return true
 end
 
-local function job_drained()
-  if redis.call('HGET', K_JOB, 'closed') == '1' and
-     tonumber(redis.call('HGET', K_JOB, 'remaining') or '0') <= 0 and
-     redis.call('HGET', K_JOB, 'status') == 'running' then
-    redis.call('HSET', K_JOB, 'status', 'finishing')
-    return 1
+-- The job drained (its plan closed, nothing left to wait for): it becomes `finishing`, and the
+-- caller must act on it (1), unless the agent turn waiting in place for it (`turn_waiter`,
+-- host:pid) is told on its process's channel (keys.wake_channel): that turn takes the next one
+-- itself (0). A waiter whose process no longer listens receives nothing (1). `own`: the caller
+-- is the agent's coordinator, at its turn's end; it goes on itself. An agent job counts who
+-- took its drain (metric agent_drains: in_place or queued, sent as a task by `on_drained`).
+local function job_drained(own)
+  if redis.call('HGET', K_JOB, 'closed') ~= '1' or
+     tonumber(redis.call('HGET', K_JOB, 'remaining') or '0') > 0 or
+     redis.call('HGET', K_JOB, 'status') ~= 'running' then
+    return 0
   end
-  return 0
+  redis.call('HSET', K_JOB, 'status', 'finishing')
+  local waiter = redis.call('HGET', K_JOB, 'turn_waiter')
+  if waiter then redis.call('HDEL', K_JOB, 'turn_waiter') end
+  local woken = not own and waiter and redis.call('PUBLISH', 'cx:wake:' .. waiter, JOB) > 0
+  if redis.call('HGET', K_JOB, 'kind') == 'agent' then
+    redis.call('HINCRBY', M_COUNTERS, 'agent_drains|' .. ((own or woken) and 'in_place' or 'queued'), 1)
+  end
+  return woken and 0 or 1
 end
 
 -- Keep every key of the job for the retention period from now.

@@ -44,5 +44,5 @@ for _, a in ipairs(cjson.decode(ARGV[3])) do
 end
 if ARGV[4] == '1' then redis.call('HSET', K_JOB, 'closed', '1') end
 table.insert(out, '|')
-table.insert(out, job_drained())
+table.insert(out, job_drained(ARGV[4] == '1'))
 return out

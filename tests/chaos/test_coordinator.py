@@ -79,3 +79,45 @@ def test_coordinator_killed_mid_turn_resumes_elsewhere(stack: Stack) -> None:
     TIMINGS["coordinator killed mid-turn"] = {
         "kill -> turn taken over (s)": round(warning["ts"] - killed_at, 2),
         "kill -> job ended (s)": round(time.time() - killed_at, 2)}
+
+
+def test_coordinator_killed_while_its_turn_waits_for_the_actions(stack: Stack) -> None:
+    """The agent worker whose thread waits in place for the turn's action (`turn_wait_s`) is
+    killed. Its pub/sub connection closed with it, so the action's end finds nobody on the
+    waiter's channel and sends the next turn as a task, to the other agent worker, at once:
+    no grace period, no redrive."""
+    model = f"waiter-kill-{os.urandom(4).hex()}"
+    llm = stack.llm
+    llm.script(model, [
+        Turn(text="<thought>Sleep.</thought>" + act("s", "sleep", {"seconds": 2.0}),
+             tokens_per_second=2000),
+        Turn(text='<response final="true">Slept $s.slept s.</response>', tokens_per_second=2000)])
+    spare = harness.start_worker("agent", stack.env, 4, log_dir=stack.dir, cwd=stack.dir)
+    try:
+        job_id = stack.submit({"agent": "tester", "input": "Sleep.", "options": {"model": model}})
+        waiter = harness.wait_until(
+            lambda: stack.client.hget(f"cx:{{{job_id}}}:job", "turn_waiter"), timeout=20,
+            message="the turn never waited in place for its action")
+        victim = next(p for p in [stack.workers["agent"], spare]
+                      if p.owns_pid(int(waiter.rpartition(":")[2])))
+        survivor = spare if victim is stack.workers["agent"] else stack.workers["agent"]
+        victim.kill(__import__("signal").SIGKILL)
+        assert victim.wait_stopped(10)
+        killed_at = time.time()
+        victim.stop()
+        stack.workers["agent"] = survivor
+        job = stack.wait_ended(job_id)
+        events = stack.events(job_id)
+    finally:
+        if stack.workers["agent"] is not spare:
+            spare.stop()
+    assert job["status"] == "completed", (job, [e["type"] for e in events])
+    assert job["result"] == "Slept 2.0 s."
+    assert not of(events, "warning"), of(events, "warning")
+    (done,) = of(events, "action_completed", "s")
+    second = next(e for e in events if e["type"] == "turn_started" and e["data"]["turn"] == 2)
+    assert done["ts"] > killed_at
+    assert second["ts"] - done["ts"] < 2.0  # sent by the action's worker, not by the reconciler
+    assert llm.remaining(model) == 0
+    TIMINGS["coordinator killed while its turn waits"] = {
+        "action done -> next turn (s)": round(second["ts"] - done["ts"], 3)}

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from cortex_worker import coordinator, dispatch, jobs
+from cortex_worker import coordinator, dispatch, jobs, keys
 from cortex_worker.options import JobOptions
 from cortex_worker.store import Store
 from cortex_worker.testing import StubBroker
@@ -194,3 +194,82 @@ def test_a_turn_that_starts_after_its_job_ended_logs_its_close_but_never_begins(
     assert store.peek(job_id, "turn_phase").turn_phase == "generating"
     assert not store.end_turn(job_id, [{"role": "assistant", "content": "late"}], {"final": True})
     assert status(store, job_id) == "cancelled"
+
+
+def _waiting_turn(store: Store, waiter: str) -> str:
+    """An agent job whose turn registered one action and ended, `waiter` waiting for it."""
+    job_id = f"wait-{uuid.uuid4().hex[:8]}"
+    store.create_job(job_id, {"kind": "agent", "agent": "tester"}, ttl=600)
+    assert store.resume(job_id, waiter) is not None
+    spec = {"id": "a", "type": "tool", "name": "calculator", "parameters": {}}
+    registered = store.register(job_id, [{"id": "a", "spec": json.dumps(spec), "deps": [],
+                                          "after": [], "on_error": "fail"}], close=False)
+    assert [r["id"] for r in registered.ready] == ["a"]
+    assert not store.end_turn(job_id, [], {}, waiter=waiter)
+    assert store.peek(job_id, "turn_waiter").turn_waiter == waiter
+    return job_id
+
+
+def _finish_a(store: Store, job_id: str) -> bool:
+    """Record action `a`'s end; True if the finisher must act on the drain."""
+    done = store.finish(job_id, "a", "ok", {"status": "ok"}, 2, None,
+                        ("action_completed", {"action_id": "a", "result": 2}))
+    assert done.recorded
+    return done.drained
+
+
+def _drains(store: Store) -> tuple[int, int]:
+    counts = store.redis.hmget("cx:metrics", "agent_drains|in_place", "agent_drains|queued")
+    return int(counts[0] or 0), int(counts[1] or 0)
+
+
+def test_a_drain_is_published_to_the_turn_that_waits_for_it(store: Store) -> None:
+    """The finisher of the last action hands the drain to the waiting turn's process (no
+    task is sent); that turn then takes the next turn with `resume` as a turn task would."""
+    waiter = f"here:{uuid.uuid4().hex[:6]}"
+    pubsub = store.redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(keys.wake_channel(waiter))
+    try:
+        job_id = _waiting_turn(store, waiter)
+        before = _drains(store)
+        assert not _finish_a(store, job_id)
+        messages = [m for m in (pubsub.get_message(timeout=0.5) for _ in range(3)) if m]
+    finally:
+        pubsub.close()
+    assert [m["data"] for m in messages] == [job_id]
+    assert _drains(store) == (before[0] + 1, before[1])
+    assert status(store, job_id) == "finishing" and store.peek(job_id, "turn_waiter").turn_waiter == ""
+    assert store.unwait(job_id, waiter)  # it stops waiting at that moment: the turn is its own
+    resumed = store.resume(job_id, waiter)
+    assert resumed is not None and resumed.turn == 2 and resumed.finished == ["a"]
+
+
+def test_a_drain_nobody_listens_for_is_left_to_the_finisher(store: Store) -> None:
+    """A waiter whose process is gone (nothing subscribed to its channel) is skipped: the
+    finisher sends the next turn as it does for a turn that did not wait."""
+    job_id = _waiting_turn(store, f"gone:{uuid.uuid4().hex[:6]}")
+    before = _drains(store)
+    assert _finish_a(store, job_id)
+    assert _drains(store) == (before[0], before[1] + 1)
+    assert status(store, job_id) == "finishing"
+
+
+def test_a_turn_that_stops_waiting_leaves_the_drain_to_the_finisher(store: Store) -> None:
+    waiter = f"here:{uuid.uuid4().hex[:6]}"
+    pubsub = store.redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(keys.wake_channel(waiter))
+    try:
+        job_id = _waiting_turn(store, waiter)
+        assert not store.unwait(job_id, waiter)
+        assert _finish_a(store, job_id)  # its process still listens, but it no longer waits
+        assert not any(pubsub.get_message(timeout=0.1) for _ in range(3))
+    finally:
+        pubsub.close()
+
+
+def test_a_turn_whose_actions_are_done_at_its_end_does_not_wait(store: Store) -> None:
+    job_id = f"wait-{uuid.uuid4().hex[:8]}"
+    store.create_job(job_id, {"kind": "agent", "agent": "tester"}, ttl=600)
+    assert store.resume(job_id, "me:1") is not None
+    assert store.end_turn(job_id, [], {}, waiter="me:1")  # drained at once: it goes on itself
+    assert store.peek(job_id, "turn_waiter").turn_waiter == ""

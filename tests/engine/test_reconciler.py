@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from cortex_worker import dispatch, executor, jobs
-from cortex_worker.keys import alive_key, job_keys
+from cortex_worker.keys import alive_key, job_keys, wake_channel
 from cortex_worker.options import JobOptions
 from cortex_worker.owners import owner
 from cortex_worker.reconciler import Reconciler
@@ -216,6 +216,36 @@ def test_a_job_left_finishing_is_finished(store: Store, broker: StubBroker) -> N
     log = events(store, job_id)
     assert [e["data"]["kind"] for e in of(log, "warning")] == ["drain_redriven"]
     assert log[-1]["type"] == "job_completed"
+
+
+def test_a_drain_handed_to_a_waiting_turn_that_died_is_sent_again(store: Store,
+                                                                   broker: StubBroker) -> None:
+    """The process whose turn waited in place for the actions got the drain (it listened), then
+    died before it took the next turn: the job is left `finishing`, and the reconciler sends the
+    turn as it does any drain nobody acted on."""
+    job_id = f"waited-{time.time_ns()}"
+    store.create_job(job_id, {"kind": "agent", "agent": "tester"}, ttl=600)
+    assert store.resume(job_id, GHOST) is not None
+    registered = store.register(job_id, [{"id": "a", "spec": '{"id": "a", "type": "tool"}',
+                                          "deps": [], "after": [], "on_error": "fail"}], close=False)
+    assert [r["id"] for r in registered.ready] == ["a"]
+    assert not store.end_turn(job_id, [], {}, waiter=GHOST)
+    pubsub = store.redis.pubsub()  # the waiter's process, listening until it dies
+    pubsub.subscribe(wake_channel(GHOST))
+    try:
+        assert pubsub.get_message(timeout=1)["type"] == "subscribe"
+        done = store.finish(job_id, "a", "ok", {"status": "ok"}, 1, None,
+                            ("action_completed", {"action_id": "a", "status": "ok", "result": 1}))
+        assert done.recorded and not done.drained  # published to the waiter: nothing sent
+    finally:
+        pubsub.close()
+    assert status(store, job_id) == "finishing" and broker.messages() == []
+    reconciler = Reconciler(store, get_settings())
+    assert reconciler.reconcile() == 0  # it just happened
+    store.set_job(job_id, progress_at=time.time() - 60)
+    assert reconciler.reconcile() == 1
+    assert [(m.name, m.args) for m in broker.messages()] == [(dispatch.TURN_TASK, [job_id])]
+    assert [e["data"]["kind"] for e in of(events(store, job_id), "warning")] == ["drain_redriven"]
 
 
 def test_a_redelivery_waits_for_the_live_worker_that_runs_the_action(
