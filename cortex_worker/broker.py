@@ -1,11 +1,19 @@
 """Fixes to the Redis transport of kombu that the chaos tests found; `install()` applies them.
 
-- A worker whose broker connection drops closes its channels; the channel hands back the
-  tasks it holds (`QoS.restore_unacked`) through a connection that kombu 5.7 has already torn
-  down, and `AttributeError: 'NoneType' object has no attribute 'hostname'` ends the worker
-  process (about 1 Redis restart in 3). Those tasks are still in kombu's unacked set in
-  Redis, and its periodic sweep delivers them again after the visibility timeout, so the
-  hand-back is skipped instead: the worker lives and nothing is lost.
+A worker whose broker connection drops closes its channels, and kombu 5.7 tears their
+connection down first. Two paths then reach that connection and end the worker process with
+an `AttributeError` ('NoneType' object has no attribute 'hostname' / 'client'):
+
+- the channel hands back the tasks it holds (`QoS.restore_unacked`; about 1 Redis restart
+  in 3);
+- a task that was running across the connection loss ends and is acknowledged (`QoS.ack`,
+  `QoS.reject`) on its old channel: every Redis restart during a task that outlives it (an
+  agent turn waiting in place for its actions, a long tool).
+
+Those tasks are still in kombu's unacked set in Redis, and its periodic sweep delivers them
+again after the visibility timeout, so both are skipped instead: the worker lives and nothing
+is lost. The late duplicate is harmless: Cortex runs an action and a turn once (`claim`,
+`resume`).
 """
 
 from __future__ import annotations
@@ -14,10 +22,16 @@ import logging
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
 log = logging.getLogger(__name__)
 
 _installed = False
+
+
+def _torn_down(qos: Any) -> bool:
+    """The channel's broker connection is gone (closed after a connection loss)."""
+    return getattr(qos.channel.connection, "client", None) is None
 
 
 def install() -> None:
@@ -25,15 +39,34 @@ def install() -> None:
     global _installed
     if _installed:
         return
-    original = kombu_redis.QoS.restore_unacked
+    restore_unacked, ack, reject = (kombu_redis.QoS.restore_unacked, kombu_redis.QoS.ack,
+                                    kombu_redis.QoS.reject)
 
-    def restore_unacked(self: Any, client: Any = None) -> None:
-        if client is None and getattr(self.channel.connection, "client", None) is None:
+    def safe_restore_unacked(self: Any, client: Any = None) -> None:
+        if client is None and _torn_down(self):
             log.warning("broker connection already closed: %d unacknowledged task(s) will be "
                         "delivered again after the visibility timeout", len(self._delivered))
             self._delivered.clear()
             return
-        original(self, client)
+        restore_unacked(self, client)
 
-    kombu_redis.QoS.restore_unacked = restore_unacked
+    def safe_ack(self: Any, delivery_tag: Any) -> None:
+        if _torn_down(self):
+            log.warning("broker connection already closed: task %s stays unacknowledged and is "
+                        "delivered again after the visibility timeout", delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)  # forget it here
+            return
+        ack(self, delivery_tag)
+
+    def safe_reject(self: Any, delivery_tag: Any, requeue: bool = False) -> None:
+        if _torn_down(self):
+            log.warning("broker connection already closed: task %s stays unacknowledged and is "
+                        "delivered again after the visibility timeout", delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)
+            return
+        reject(self, delivery_tag, requeue)
+
+    kombu_redis.QoS.restore_unacked = safe_restore_unacked
+    kombu_redis.QoS.ack = safe_ack
+    kombu_redis.QoS.reject = safe_reject
     _installed = True

@@ -17,8 +17,6 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -97,18 +95,29 @@ def stop_waiting() -> None:
     _shutting_down.set()
 
 
-@contextmanager
-def _wait_slot() -> Iterator[str]:
-    """This process's owner name if the turn may wait in place for its actions, else ''."""
-    slots = _wait_slots
-    if (slots is None or _shutting_down.is_set() or get_settings().turn_wait_s <= 0
-            or not slots.acquire(blocking=False)):
-        yield ""
-        return
-    try:
-        yield owner()
-    finally:
-        slots.release()
+class _WaitSlot:
+    """A turn's claim on one of the process's wait slots, taken as the turn ends (so the
+    slots count turns that wait, not turns that stream) and given back when it left."""
+
+    def __init__(self) -> None:
+        self.waiter = ""  # this process's owner name while the slot is held
+        self._held: threading.Semaphore | None = None
+
+    def take(self) -> str:
+        """This process's owner name if the turn may wait in place for its actions, else ''."""
+        slots = _wait_slots
+        if (self._held is None and slots is not None and not _shutting_down.is_set()
+                and get_settings().turn_wait_s > 0 and slots.acquire(blocking=False)):
+            self._held, self.waiter = slots, owner()
+        return self.waiter
+
+    def __enter__(self) -> _WaitSlot:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._held is not None:
+            self._held.release()
+            self._held, self.waiter = None, ""
 
 
 def _waited(store: Store, job_id: str, pushed: Watch, waiter: str) -> bool:
@@ -168,18 +177,18 @@ def run_turns(store: Store, job_id: str) -> None:
                 if closed is None:
                     return
                 closing = closed
-            with get_job_ends().watch(job_id) as pushed, _wait_slot() as waiter:
+            with get_job_ends().watch(job_id) as pushed, _WaitSlot() as slot:
                 if phase == "generated":  # it died before it closed the turn's plan
                     drained = store.register(job_id, [], close=True).drained
                 else:
                     with tracing.span(f"turn {turn}", job_id, {"cortex.job.id": job_id,
                                       "cortex.agent": agent.name, "cortex.turn": turn}):
                         turn_state = _generate(store, job_id, job, agent, turn, resumed.finished,
-                                               closing, pushed, waiter, restarted=restarted)
+                                               closing, pushed, slot, restarted=restarted)
                     if turn_state is None:
                         return
                     drained = turn_state.drained
-                if not drained and not (waiter and _waited(store, job_id, pushed, waiter)):
+                if not drained and not (slot.waiter and _waited(store, job_id, pushed, slot.waiter)):
                     return  # the last awaited action to finish sends the next turn
         except ModelError as exc:
             end_job(store, job_id, "failed", error=f"model error: {exc}")
@@ -354,7 +363,7 @@ class _Reading:
 
 
 def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
-              finished: list[str], closing: Closing, pushed: Watch, waiter: str,
+              finished: list[str], closing: Closing, pushed: Watch, slot: _WaitSlot,
               restarted: bool = False) -> _Turn | None:
     begin: list[tuple[str, dict[str, Any]]] = []
     if not restarted:
@@ -470,7 +479,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
                                  "completion_tokens": usage.completion_tokens,
                                  **({"estimated": True} if estimated else {})}))
     state.drained = store.end_turn(job_id, [*messages[len(messages) - fresh:], assistant], fields,
-                                   events, waiter=waiter)
+                                   events, waiter=slot.take())
     return state
 
 

@@ -56,6 +56,34 @@ def test_a_channel_closing_after_its_connection_keeps_the_task(redis_url: str) -
         assert again is not None and again.payload == {"task": 1}
 
 
+def test_a_task_acknowledged_after_its_connection_closed_keeps_the_worker(
+        redis_url: str) -> None:
+    """A task running across a connection loss (an agent turn waiting in place, a long tool)
+    ends and is acknowledged on its closed channel: that raised AttributeError ('NoneType'
+    ... 'client') in the consumer's loop and ended the worker. It is delivered again instead."""
+    broker.install()
+    options = {"visibility_timeout": 1, "unacked_restore_throttle": 1}
+    conn = Connection(redis_url, transport_options=options)
+    with conn.Producer() as producer:
+        for n in (1, 2):
+            producer.publish({"task": n}, exchange=QUEUE.exchange, routing_key="tool",
+                             declare=[QUEUE])
+    channel = conn.channel()
+    acked, rejected = (channel.basic_get("tool", no_ack=False) for _ in range(2))
+    assert acked is not None and rejected is not None
+    conn.transport.client = None  # torn down first, as kombu 5.7 does on a connection loss
+    channel.close()
+    acked.ack()  # raised AttributeError before the fix
+    rejected.reject(requeue=True)
+
+    time.sleep(1.2)
+    with Connection(redis_url, transport_options=options) as other:
+        sweeper = other.channel()
+        sweeper.qos.restore_visible(num=10)
+        again = [sweeper.basic_get("tool", no_ack=True) for _ in range(2)]
+        assert sorted(m.payload["task"] for m in again if m is not None) == [1, 2]
+
+
 def test_only_tasks_whose_result_is_awaited_subscribe_to_it(redis_url: str,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Outside a worker (the API), Celery subscribes to a task's result channel when it sends
