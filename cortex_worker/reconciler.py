@@ -6,7 +6,8 @@ re-drives, with a `warning` event each time:
 
 - a start that was queued but never began (documents, workflows: `cortex.start_job`; agents:
   their first turn);
-- a turn whose coordinator died (no heartbeat) or whose lease ran out;
+- a turn whose coordinator died (no heartbeat): at the first pass that sees it, then with
+  the grace period doubling while the job makes no progress;
 - a job left `finishing` (its last action ended but the worker died before acting on it);
 - an action `queued` and unclaimed past the grace period (its message was lost: kombu pops a
   message before it records it as unacked), sent again with the grace doubling each time;
@@ -82,11 +83,14 @@ class Reconciler:
         """Untouched for the grace period, doubled for each time it was sent again."""
         return since is not None and now - since > min(self.grace * 2 ** times, BACKOFF_CAP_S)
 
-    def _due_job(self, job_id: str, what: str, since: float | None, now: float) -> bool:
-        """`_due` for a job's start or drain; counts the time it is sent again."""
-        if not self._due(since, 0, now):  # within the grace period: no need to read the count
+    def _due_job(self, job_id: str, what: str, since: float | None, now: float, *,
+                 at_once: bool = False) -> bool:
+        """`_due` for a job's start, drain or turn; counts the time it is sent again.
+        `at_once`: the first time needs no grace period (its holder is known to be dead)."""
+        if not at_once and not self._due(since, 0, now):  # no need to read the count
             return False
-        if not self._due(since, self.store.redrives(job_id, what), now):
+        times = self.store.redrives(job_id, what)
+        if not (at_once and times == 0) and not self._due(since, times, now):
             return False
         self.store.count_redrive(job_id, what)
         return True
@@ -109,8 +113,8 @@ class Reconciler:
                 return 1
             return 0
         sent = 0
-        if job.kind == "agent" and not job.closed and job.turn_owner \
-                and job.turn_owner in gone and self._due_job(job.id, f"@turn{job.turn}", last, now):
+        if job.kind == "agent" and not job.closed and job.turn_owner and job.turn_owner in gone \
+                and self._due_job(job.id, f"@turn{job.turn}", last, now, at_once=True):
             self._warn(job.id, "turn_redriven", f"turn {job.turn}: its coordinator "
                        f"{job.turn_owner} stopped; the turn was sent again")
             dispatch.agent_turn(job.id)  # `resume` hands it over: the owner has no heartbeat

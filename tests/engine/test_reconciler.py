@@ -218,6 +218,25 @@ def test_a_job_left_finishing_is_finished(store: Store, broker: StubBroker) -> N
     assert log[-1]["type"] == "job_completed"
 
 
+def test_a_turn_whose_coordinator_died_is_sent_again_at_once(store: Store,
+                                                              broker: StubBroker) -> None:
+    """Its owner is known to be dead (no heartbeat): no grace period for the first resend;
+    the next ones wait for the grace period, doubled each time, while nothing moves."""
+    job_id = f"dead-turn-{time.time_ns()}"
+    store.create_job(job_id, {"kind": "agent", "agent": "tester"}, ttl=600)
+    assert store.resume(job_id, GHOST) is not None  # mid-turn: the plan is open
+    reconciler = Reconciler(store, get_settings())
+    assert reconciler.reconcile() == 1
+    assert [(m.name, m.args) for m in broker.messages()] == [(dispatch.TURN_TASK, [job_id])]
+    (warning,) = of(events(store, job_id), "warning")
+    assert warning["data"]["kind"] == "turn_redriven" and GHOST in warning["data"]["message"]
+    assert reconciler.reconcile() == 0  # sent just now: the message may still be on its way
+    store.set_job(job_id, progress_at=time.time() - 15)
+    assert reconciler.reconcile() == 0  # the second time waits twice the grace (20 s)
+    store.set_job(job_id, progress_at=time.time() - 25)
+    assert reconciler.reconcile() == 1
+
+
 def test_a_drain_handed_to_a_waiting_turn_that_died_is_sent_again(store: Store,
                                                                    broker: StubBroker) -> None:
     """The process whose turn waited in place for the actions got the drain (it listened), then

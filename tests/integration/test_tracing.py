@@ -64,12 +64,14 @@ def test_one_trace_per_job_across_processes(traced: tuple[Collector, str],
         return [s for s in collector.received() if s.trace_id == trace_id]
 
     def arrived() -> bool:
-        """The root, the calculator's span, and every span's parent: each process exports
-        its spans in its own batches, so a child can arrive before its parent."""
+        """The root, both tools' spans, and every span's parent: each process exports its
+        spans in its own batches, so a child can arrive before its parent, and one tool's
+        span after the other's."""
         got = spans()
         ids = {s.span_id for s in got}
         return (any(s.name == "job" for s in got)
                 and sum(s.name == "tool calculator" for s in got) == 1
+                and sum(s.name == "tool echo" for s in got) == 1
                 and all(not s.parent_id or s.parent_id in ids for s in got))
 
     harness.wait_until(arrived, timeout=20, message="the job's spans at the collector")
