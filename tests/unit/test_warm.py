@@ -197,6 +197,24 @@ def test_an_answered_call_returns_at_once_and_its_sandbox_is_still_killed_and_re
     assert _with_marker(marker) == [] and _zombies() - before == set()
 
 
+@needs_namespaces
+@pytest.mark.parametrize("cold", [False, True])
+def test_a_call_ends_when_its_answer_is_out_not_when_its_process_exits(
+        root: Path, cold: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner ends stdout and stderr once its answer line is out: the call returns then,
+    not after the process's exit (an atexit handler, an interpreter's shutdown), and what is
+    written after the answer is dropped instead of breaking it."""
+    env = {"WARM_TOOLS_CASE": f"slow-exit-{cold}"}
+    if cold:
+        monkeypatch.setitem(warm._cold, warm_key("slow_exit", env), "this test runs it cold")
+    started = time.monotonic()
+    res = run("slow_exit", {"seconds": 5}, cwd=root / "job-a", isolation=iso(root), env=env)
+    assert time.monotonic() - started < 3
+    assert (result(res), res.returncode, res.killed_by) == ("answered", 0, None)
+    assert b"after the answer" not in res.stdout + res.stderr
+    assert live_groups() == frozenset()  # the exiting process was killed with its group
+
+
 def warm_key(function: str, env: dict[str, str]) -> warm.Key:
     """The zygote key `run` uses for `warm_tools:function` with `env`."""
     return ((sys.executable, "-P", "-s", "-m", "warm_tools"), tuple(sorted({**ENV, **env}.items())))

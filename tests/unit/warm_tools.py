@@ -6,8 +6,10 @@ call's own process when it is cold. With WARM_TOOLS_THREAD set, importing it sta
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -76,3 +78,14 @@ def detach(marker: str) -> str:
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL)
     return "done"
+
+
+def slow_exit(seconds: float) -> str:
+    """Answer, then take `seconds` to exit, writing to stdout and stderr on the way out."""
+    def late() -> None:
+        time.sleep(seconds)
+        print("written after the answer", flush=True)
+        sys.stderr.write("also written after the answer\n")
+
+    atexit.register(late)
+    return "answered"
