@@ -149,9 +149,10 @@ class _Zygote:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            socket.send_fds(self.sock, [request], [in_r, out_w, err_w, theirs.fileno()])
-            ours.settimeout(timeout)
-            reply = ours.recv(4096)
+            reply = b""
+            if self.proc.poll() is None:
+                socket.send_fds(self.sock, [request], [in_r, out_w, err_w, theirs.fileno()])
+                reply = self._reply(ours, timeout)
         except OSError:
             reply = b""
         finally:
@@ -170,6 +171,18 @@ class _Zygote:
             raise SandboxError(answer["error"])
         return _Call(answer["pid"], ours, open(in_w, "wb", buffering=0) if in_w >= 0 else None,
                      open(out_r, "rb", buffering=0), open(err_r, "rb", buffering=0))
+
+    def _reply(self, call: socket.socket, timeout: float) -> bytes:
+        """The zygote's answer on the call's socket; b"" if the zygote exits first. A request
+        sent as the zygote dies can go unanswered until the timeout: its control socket lives
+        on in a spare that is dying too, and the kernel may release the call's socket (in
+        flight in that request) only later, so no end of file comes."""
+        exited = os.pidfd_open(self.proc.pid)  # not reaped yet: the pid is still its own
+        try:
+            ready, _, _ = select.select([call, exited], [], [], timeout)
+        finally:
+            os.close(exited)
+        return call.recv(4096) if call in ready else b""
 
     def retire(self) -> None:
         """Stop sending it calls: it exits once those running have ended."""

@@ -4,6 +4,7 @@ cases are skipped where the kernel refuses namespaces (CI runs as root, where th
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -304,6 +305,32 @@ def test_a_dead_zygote_is_replaced(root: Path) -> None:
     assert gone(first["imported_in"])
     second = call("whoami", cwd=root / "job-a", isolation=None, env=env)
     assert second["imported_in"] not in (first["imported_in"], second["pid"])
+
+
+def test_a_call_sent_as_its_zygote_dies_is_not_left_waiting(root: Path) -> None:
+    """A zygote dead while its control socket lives on elsewhere (in a spare that is dying
+    with it) took the request and never answered, and the kernel released the call's socket
+    only later: the call waited for its whole timeout. It is replaced at once instead. Here the
+    test holds the socket (`pidfd_getfd`) where a slow-dying spare did under load."""
+    env = {"WARM_TOOLS_CASE": "held"}
+    first = call("whoami", cwd=root / "job-a", isolation=None, env=env)
+    zygote = first["imported_in"]
+    argv = Path(f"/proc/{zygote}/cmdline").read_bytes().split(b"\0")
+    control = int(argv[argv.index(warm.ZYGOTE.encode()) + 1])
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(zygote)
+    held = libc.syscall(438, pidfd, control, 0)  # pidfd_getfd
+    os.close(pidfd)
+    assert held >= 0, os.strerror(ctypes.get_errno())
+    try:
+        os.kill(zygote, signal.SIGKILL)
+        assert gone(zygote)
+        started = time.monotonic()
+        second = call("whoami", cwd=root / "job-a", isolation=None, env=env, timeout=10)
+        assert time.monotonic() - started < 5
+        assert second["imported_in"] != zygote
+    finally:
+        os.close(held)
 
 
 def test_a_module_that_starts_threads_when_imported_runs_cold(root: Path) -> None:
