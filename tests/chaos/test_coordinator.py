@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -23,6 +24,20 @@ from tests.fake_llm import Turn
 def act(ident: str, name: str, params: dict[str, Any], mode: str = "async") -> str:
     body = json.dumps({"name": name, "parameters": params})
     return f'<action type="tool" mode="{mode}" id="{ident}">{body}</action>'
+
+
+def kill_agent_worker(stack: Stack, spare: harness.Process, owner: str) -> float:
+    """SIGKILL whichever of the two agent workers is `owner` (host:pid); the other one becomes
+    the stack's agent worker. Returns when the kill was done."""
+    victim = next(p for p in [stack.workers["agent"], spare]
+                  if p.owns_pid(int(owner.rpartition(":")[2])))
+    survivor = spare if victim is stack.workers["agent"] else stack.workers["agent"]
+    victim.kill(signal.SIGKILL)
+    assert victim.wait_stopped(10)
+    killed_at = time.time()
+    victim.stop()
+    stack.workers["agent"] = survivor
+    return killed_at
 
 
 def test_coordinator_killed_mid_turn_resumes_elsewhere(stack: Stack) -> None:
@@ -45,14 +60,7 @@ def test_coordinator_killed_mid_turn_resumes_elsewhere(stack: Stack) -> None:
                          and e["data"]["action_id"] == "b")
         owner = stack.client.hget(f"cx:{{{job_id}}}:job", "turn_owner")
         assert owner is not None
-        victim = next(p for p in [stack.workers["agent"], spare]
-                      if p.owns_pid(int(owner.rpartition(":")[2])))
-        survivor = spare if victim is stack.workers["agent"] else stack.workers["agent"]
-        victim.kill(__import__("signal").SIGKILL)
-        assert victim.wait_stopped(10)
-        killed_at = time.time()
-        victim.stop()
-        stack.workers["agent"] = survivor
+        killed_at = kill_agent_worker(stack, spare, owner)
 
         warning = stack.wait_event(job_id, lambda e: e["type"] == "warning"
                                    and e["data"].get("kind") == "turn_restarted", timeout=40)
@@ -98,14 +106,7 @@ def test_coordinator_killed_while_its_turn_waits_for_the_actions(stack: Stack) -
         waiter = harness.wait_until(
             lambda: stack.client.hget(f"cx:{{{job_id}}}:job", "turn_waiter"), timeout=20,
             message="the turn never waited in place for its action")
-        victim = next(p for p in [stack.workers["agent"], spare]
-                      if p.owns_pid(int(waiter.rpartition(":")[2])))
-        survivor = spare if victim is stack.workers["agent"] else stack.workers["agent"]
-        victim.kill(__import__("signal").SIGKILL)
-        assert victim.wait_stopped(10)
-        killed_at = time.time()
-        victim.stop()
-        stack.workers["agent"] = survivor
+        killed_at = kill_agent_worker(stack, spare, waiter)
         job = stack.wait_ended(job_id)
         events = stack.events(job_id)
     finally:
