@@ -216,7 +216,8 @@ def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: Agent
     result = final or job.result or None
     if turn > 1:
         events.append(("turn_completed", {"turn": turn - 1}))
-    # logged before they are cleared, in one call: a coordinator that dies never loses them
+    # logged as they are cleared, in one call (the next turn's start, or the job's end): a
+    # coordinator that dies never loses them
     fields: dict[str, Any] = {"pending_responses": [], "result": result or ""}
     error = None
     if job.final:
@@ -229,12 +230,11 @@ def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: Agent
         error = f"wall time limit ({agent.max_wall_time_s:g} s) reached"
     else:
         return events, {**fields, "turn_phase": "generating"}
-    store.start_turn(job_id, closing=events, fields=fields, action_ids=None)
     ran = turn - 1  # `turn` is the one about to start; it never runs if the job ends here
     if error is None:
-        end_job(store, job_id, "completed", result=result, turns=ran)
+        end_job(store, job_id, "completed", result=result, turns=ran, closing=(events, fields))
     else:
-        end_job(store, job_id, "failed", error=error, turns=ran)
+        end_job(store, job_id, "failed", error=error, turns=ran, closing=(events, fields))
     return None
 
 
@@ -621,11 +621,15 @@ def _fail_unseen_dependencies(store: Store, job_id: str, planner: StreamPlanner,
 
 
 def end_job(store: Store, job_id: str, status: str, *, result: str | None = None,
-            error: str | None = None, turns: int | None = None) -> None:
+            error: str | None = None, turns: int | None = None,
+            closing: Closing = ([], {})) -> None:
     """End an agent job (through `jobs.end_job`). `turns`: how many turns ran (default: the
-    job's turn counter, which counts a turn as it begins)."""
+    job's turn counter, which counts a turn as it begins). `closing`: the last turn's closing
+    events and fields, logged and written with the end."""
     if turns is None:
         turns = (store.peek(job_id, "turn") or JobRecord(id=job_id)).turn
+    events, fields = closing
     jobs.end_job(store, job_id, status, {"status": status, "result": result, "error": error,
                                          "turns": turns},
-                 {"result": result or "", "error": error or "", "turns": turns}, result=result)
+                 {**fields, "result": result or "", "error": error or "", "turns": turns},
+                 events=events, result=result)

@@ -104,6 +104,45 @@ def test_a_turn_reaches_the_model_in_two_redis_round_trips(
         '<result id="sum" status="ok">42</result>'
 
 
+def test_a_final_turn_ends_the_job_in_four_redis_round_trips(
+        store: Store, broker: StubBroker, llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the final turn's end to `job_completed`, on every job's critical path: the turn's
+    end (`end_turn`), taking the next turn (`resume`, which finds the job done), the record
+    for the end's hooks, and the end itself, which logs the last turn's close with it."""
+    pool = store.redis.connection_pool
+    taken, real_end_turn, real_close = pool.get_connection, store.end_turn, store.close
+    calls = 0
+    at_close: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return taken(*args, **kwargs)
+
+    def end_turn(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls = 0
+        return real_end_turn(*args, **kwargs)
+
+    def close(*args: Any, **kwargs: Any) -> Any:
+        ended = real_close(*args, **kwargs)
+        at_close.append(calls)
+        return ended
+
+    monkeypatch.setattr(pool, "get_connection", counted)
+    monkeypatch.setattr(store, "end_turn", end_turn)
+    monkeypatch.setattr(store, "close", close)
+    for _ in range(2):  # the first job also loads the scripts into Redis, once
+        model = f"engine-{uuid.uuid4().hex[:8]}"
+        llm.script(model, [turn(final("Done."))])
+        job_id = jobs.submit_agent(store, "tester", "Answer.", options=JobOptions(model=model))
+        broker.join()
+        assert status(store, job_id) == "completed"
+    assert at_close[-1] == 4
+    kinds = [e["type"] for e in store.events_after(job_id)]
+    assert kinds[-3:] == ["response_end", "turn_completed", "job_completed"]
+
+
 def test_an_agent_action_runs_a_child_agent(store: Store, broker: StubBroker,
                                             llm: FakeLLM) -> None:
     model = f"engine-{uuid.uuid4().hex[:8]}"
