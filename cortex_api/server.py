@@ -35,11 +35,9 @@ def run(host: str = "127.0.0.1", port: int = 8000, settings: Settings | None = N
 
     from cortex_api.app import create_app
     from cortex_api.auth import KeyRing, RedactQueryKey, check_binding
-    from cortex_worker.runtime import switch_threads_promptly
     from cortex_worker.settings import get_settings
 
     settings = settings or get_settings()
-    switch_threads_promptly()  # request handlers run in threads beside the event loop
     check_binding(host, KeyRing.from_settings(settings), allow_no_auth or settings.allow_no_auth)
     raise_open_files_limit()
     logging.getLogger("uvicorn.access").addFilter(RedactQueryKey())  # `?api_key=` of streams

@@ -1,26 +1,13 @@
-"""Process-wide handles (settings, the state store, the manifest registry) and set-up."""
+"""Process-wide handles: settings, the state store and the manifest registry."""
 
 from __future__ import annotations
 
-import sys
 from functools import lru_cache
 
 from cortex_worker.job_ends import JobEnds
 from cortex_worker.manifests import Registry, load_registry
 from cortex_worker.settings import get_settings
 from cortex_worker.store import Store
-
-SWITCH_INTERVAL_S = 0.0005
-"""How long a thread may keep running while another waits for the interpreter (CPython's
-default is 5 ms). Cortex's processes are threads waiting on sockets: a turn's thread whose
-Redis reply has come waits for the Celery consumer, the stream reader or another turn."""
-
-
-def switch_threads_promptly() -> None:
-    """Apply SWITCH_INTERVAL_S to this process (each worker process and the API call it as
-    they start): on one job's path, a turn's start and a waiting turn's wake-up took about
-    1 ms less each in `bench/peers.py`."""
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 @lru_cache(maxsize=1)

@@ -15,7 +15,7 @@ from celery.signals import (
 
 from cortex_worker import coordinator, dispatch, executor, feeds, jobs, reconciler, tracing
 from cortex_worker.app import app
-from cortex_worker.runtime import get_store, switch_threads_promptly
+from cortex_worker.runtime import get_store
 from cortex_worker.sandbox.process import install_sigterm_handler
 from cortex_worker.settings import get_settings
 
@@ -24,7 +24,6 @@ from cortex_worker.settings import get_settings
 def _init_process(**_: Any) -> None:
     # A revoked (terminated) task must take its sandboxed processes with it.
     install_sigterm_handler()
-    switch_threads_promptly()
     tracing.configure("cortex-worker")  # the exporter's thread does not survive the fork
     reconciler.start(get_store(), get_settings())  # a prefork child: it holds leases
 
@@ -33,7 +32,6 @@ def _init_process(**_: Any) -> None:
 def _init_worker(sender: Any = None, **_: Any) -> None:
     # The worker's own process: threaded pools run their tasks here; a prefork parent beats
     # and reconciles too (its children start their own heartbeat after the fork).
-    switch_threads_promptly()
     tracing.configure("cortex-worker")
     reconciler.start(get_store(), get_settings())
     if sender is not None and "thread" in str(sender.pool_cls) \
