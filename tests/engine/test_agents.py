@@ -64,33 +64,56 @@ def test_an_agent_runs_an_action_then_answers(store: Store, broker: StubBroker,
     assert llm.remaining(model) == 0
 
 
+class RoundTrips:
+    """Counts the Redis round trips (connections taken from the store's pool) from the last
+    call of one method to calls of another."""
+
+    def __init__(self, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self.monkeypatch = monkeypatch
+        pool = store.redis.connection_pool
+        taken = pool.get_connection
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return taken(*args, **kwargs)
+
+        monkeypatch.setattr(pool, "get_connection", counted)
+
+    def start_at(self, owner: object, name: str) -> None:
+        """Count from zero at each call of `owner.name`."""
+        real = getattr(owner, name)
+
+        def started(*args: Any, **kwargs: Any) -> Any:
+            self.count = 0
+            return real(*args, **kwargs)
+
+        self.monkeypatch.setattr(owner, name, started)
+
+    def seen_at(self, owner: object, name: str, *, after: bool = False) -> list[int]:
+        """The counts at each call of `owner.name` (before it runs, or `after`)."""
+        real, seen = getattr(owner, name), []
+
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            if not after:
+                seen.append(self.count)
+            out = real(*args, **kwargs)
+            if after:
+                seen.append(self.count)
+            return out
+
+        self.monkeypatch.setattr(owner, name, noted)
+        return seen
+
+
 def test_a_turn_reaches_the_model_in_two_redis_round_trips(
         store: Store, broker: StubBroker, llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> None:
     """Between a turn task's start and its model request lie only Redis round trips, on every
     tool turn's critical path: one takes the turn with the job record (`resume`), one logs
     the last turn's close and this one's start and reads the prompt's inputs (`start_turn`)."""
-    pool = store.redis.connection_pool
-    taken, real_resume, real_open = pool.get_connection, store.resume, coordinator.open_stream
-    calls = 0
-    before_request: list[int] = []
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        return taken(*args, **kwargs)
-
-    def resume(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls = 0  # a turn task begins
-        return real_resume(*args, **kwargs)
-
-    def open_stream(*args: Any, **kwargs: Any) -> Any:
-        before_request.append(calls)
-        return real_open(*args, **kwargs)
-
-    monkeypatch.setattr(pool, "get_connection", counted)
-    monkeypatch.setattr(store, "resume", resume)
-    monkeypatch.setattr(coordinator, "open_stream", open_stream)
+    trips = RoundTrips(store, monkeypatch)
+    trips.start_at(store, "resume")  # a turn task begins
+    before_request = trips.seen_at(coordinator, "open_stream")
     for _ in range(2):  # the first job also loads the scripts into Redis, once
         model = f"engine-{uuid.uuid4().hex[:8]}"
         llm.script(model, [turn(act("sum", "calculator", {"expression": "19 + 23"})),
@@ -109,29 +132,9 @@ def test_a_final_turn_ends_the_job_in_four_redis_round_trips(
     """From the final turn's end to `job_completed`, on every job's critical path: the turn's
     end (`end_turn`), taking the next turn (`resume`, which finds the job done), the record
     for the end's hooks, and the end itself, which logs the last turn's close with it."""
-    pool = store.redis.connection_pool
-    taken, real_end_turn, real_close = pool.get_connection, store.end_turn, store.close
-    calls = 0
-    at_close: list[int] = []
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        return taken(*args, **kwargs)
-
-    def end_turn(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls = 0
-        return real_end_turn(*args, **kwargs)
-
-    def close(*args: Any, **kwargs: Any) -> Any:
-        ended = real_close(*args, **kwargs)
-        at_close.append(calls)
-        return ended
-
-    monkeypatch.setattr(pool, "get_connection", counted)
-    monkeypatch.setattr(store, "end_turn", end_turn)
-    monkeypatch.setattr(store, "close", close)
+    trips = RoundTrips(store, monkeypatch)
+    trips.start_at(store, "end_turn")
+    at_close = trips.seen_at(store, "close", after=True)
     for _ in range(2):  # the first job also loads the scripts into Redis, once
         model = f"engine-{uuid.uuid4().hex[:8]}"
         llm.script(model, [turn(final("Done."))])
