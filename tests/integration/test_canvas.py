@@ -44,6 +44,11 @@ def waiting_steps(control: Any) -> tuple[set[str], set[str]]:
     return scheduled, active
 
 
+def hold(client: redis.Redis, job_id: str, until: float) -> None:
+    """Give `WAITING`'s lease to `HOLDER` until `until` (epoch seconds)."""
+    client.hset(job_keys(job_id).lease, WAITING, f"{HOLDER}|{until!r}")
+
+
 def started_once(events: list[dict[str, Any]], *action_ids: str) -> dict[str, float]:
     """Each action started exactly once: when (from the event log)."""
     return {a: one(events, "action_started", a)["ts"] for a in action_ids}
@@ -57,11 +62,12 @@ def test_busy_canvas_step_waits_without_a_worker_slot(api: Any, redis_client: re
     job_id = start(api, doc, canvas=True)
     harness.wait_until(lambda: status_of(api, job_id, "s") == "running", timeout=20,
                        interval=0.02)
-    # Another delivery holds `a` for 6 s: a live lease of a worker on another host, whose
-    # heartbeat is live too (a holder without one is taken over at once).
-    until = time.time() + 6.0
-    Store(redis_client).beat(HOLDER, 10.0)
-    redis_client.hset(job_keys(job_id).lease, WAITING, f"{HOLDER}|{until!r}")
+    # Another delivery holds `a`: a live lease of a worker on another host, whose heartbeat is
+    # live too (a holder without one is taken over at once). It is held until the rest of
+    # the test has looked (not for a fixed time: a loaded machine may take seconds to get
+    # there), then let go.
+    Store(redis_client).beat(HOLDER, 120.0)
+    hold(redis_client, job_id, time.time() + 120.0)
 
     # The step for `a` arrives when `s` ends, finds the lease live, and waits as a retry with
     # an ETA (held by the worker's consumer), not in a pool process.
@@ -81,7 +87,10 @@ def test_busy_canvas_step_waits_without_a_worker_slot(api: Any, redis_client: re
     starts = started_once(wide_events, *[f"p{i}" for i in range(4)])
     ends = [e["ts"] for e in of(wide_events, "action_completed")]
     assert max(starts.values()) < min(ends), (starts, ends)
-    assert max(ends) < until  # all of it while `a` still waited
+    assert status_of(api, job_id, WAITING) != "running"  # all of it while `a` still waited
+
+    until = time.time() + 0.5  # the other holder lets go
+    hold(redis_client, job_id, until)
 
     events = follow(api, job_id)
     assert events[-1]["type"] == "job_completed"
