@@ -26,6 +26,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Message, Send
 
 from cortex_api.agui import AgUiTranslator
+from cortex_api.errors import REDIS_ERRORS
 from cortex_worker.keys import channel, job_keys
 from cortex_worker.record import JOB_TERMINAL
 from cortex_worker.store import dumps
@@ -37,6 +38,8 @@ HEARTBEAT_S = 15.0
 PAGE_SIZE = 500
 QUEUE_SIZE = 1000
 SEND_TIMEOUT_S = 30.0
+#: Pauses of a stream between Redis errors before it gives up (about 30 s in all).
+REDIS_PAUSES_S = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
 #: `?format=` values of a job's event stream: Cortex's own events, or AG-UI events.
 STREAM_FORMATS = ("cortex", "ag-ui")
 
@@ -214,8 +217,37 @@ async def event_stream(source: EventSource, job_id: str, after: int = 0, *,
 
 async def _log(source: EventSource, job_id: str, after: int, heartbeat_s: float,
                page: int) -> AsyncIterator[Event | str]:
-    """The events after seq `after`, and comments (str) for the client; ends after the last."""
+    """The events after seq `after`, and comments (str) for the client; ends after the last.
+
+    A Redis error (a lost connection, or no free connection in the replay pool while the API
+    is overloaded) does not cut the stream: it starts again where it stopped, after a pause
+    the client is told of, as a reconnecting client would. It ends only after `REDIS_PAUSES_S`
+    has run out with no event sent in between; the client then resumes with Last-Event-ID."""
     cursor = Cursor(after)
+    pauses = iter(REDIS_PAUSES_S)
+    while True:
+        sent = cursor.last
+        try:
+            async for item in _follow(source, job_id, cursor, heartbeat_s, page):
+                yield item
+            return
+        except REDIS_ERRORS as exc:
+            error = exc
+        if cursor.last != sent:  # it got on between errors: a new outage, a fresh budget
+            pauses = iter(REDIS_PAUSES_S)
+        pause = next(pauses, None)
+        log.warning("event stream of %s: Redis failed after seq %d (%s); %s", job_id,
+                    cursor.last, error, "giving up" if pause is None else f"again in {pause}s")
+        if pause is None:
+            yield f"Redis is unavailable ({error}): reconnect with Last-Event-ID"
+            return
+        yield f"Redis is unavailable ({error}): reading again in {pause}s"
+        await asyncio.sleep(pause)
+
+
+async def _follow(source: EventSource, job_id: str, cursor: Cursor, heartbeat_s: float,
+                  page: int) -> AsyncIterator[Event | str]:
+    """`_log` between two Redis errors: subscribe, replay after `cursor`, then live events."""
     async with source.listen(job_id) as listener:  # subscribed before the replay reads the log
         async for event in catch_up(source, job_id, cursor, page):
             yield event
@@ -337,11 +369,12 @@ class EventHub:
 
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 4, **kwargs: Any) -> EventHub:
-        """A hub on `url`: replays share at most `max_connections` connections."""
+        """A hub on `url`: replays share at most `max_connections` connections (a busy
+        pool is waited for, up to 30 s: under load that is better than a 503)."""
         common: dict[str, Any] = {"decode_responses": True, "socket_connect_timeout": 5,
                                   "health_check_interval": 30}
         pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=10, **common)
+            url, max_connections=max_connections, timeout=30, **common)
         return cls(aioredis.Redis(connection_pool=pool), aioredis.Redis.from_url(url, **common),
                    **kwargs)
 

@@ -13,7 +13,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from cortex_api import sse
 from cortex_api.sse import (
     Cursor,
     EventHub,
@@ -57,6 +59,8 @@ class FakeSource:
         self.calls: list[str] = []
         self.listener = Listener(queue_size)
         self.left = False
+        self.failing_reads: set[int] = set()  # which reads (1 = the first) raise a Redis error
+        self.reads = 0
 
     @asynccontextmanager
     async def listen(self, job_id: str) -> AsyncIterator[Listener]:
@@ -68,6 +72,9 @@ class FakeSource:
 
     async def read(self, job_id: str, after: int, count: int) -> list[dict[str, Any]]:
         self.calls.append(f"read>{after}")
+        self.reads += 1
+        if self.reads in self.failing_reads or -1 in self.failing_reads:
+            raise RedisConnectionError("No connection available.")
         return [e for e in self.log if e["seq"] > after][:count]
 
     async def status(self, job_id: str) -> str | None:
@@ -311,3 +318,47 @@ def test_overflowed_client_is_disconnected() -> None:
     out, source = asyncio.run(main())
     assert parse(out) == [(1, "text")]
     assert out[-1].startswith(": too slow") and source.left
+
+
+# -- Redis errors in the middle of a stream -------------------------------------------------
+@pytest.fixture
+def short_pauses(monkeypatch: pytest.MonkeyPatch) -> tuple[float, ...]:
+    pauses = (0.001, 0.002, 0.003)
+    monkeypatch.setattr(sse, "REDIS_PAUSES_S", pauses)
+    return pauses
+
+
+def test_a_redis_error_mid_stream_reads_again_from_where_it_stopped(short_pauses: Any) -> None:
+    async def main() -> tuple[list[str], FakeSource]:
+        source = FakeSource([ev(s) for s in range(1, 6)] + [ev(6, "job_completed")],
+                            status="completed")
+        source.failing_reads = {2, 3}  # after the first page, twice (a lost connection, then
+        return await asyncio.wait_for(collect(source, page=2), 2), source  # a full pool)
+
+    out, source = asyncio.run(main())
+    assert [s for s, _ in parse(out)] == [1, 2, 3, 4, 5, 6]  # none twice, none missing
+    retries = [m for m in out if m.startswith(": Redis is unavailable")]
+    assert len(retries) == 2 and "reading again in 0.001s" in retries[0]
+    # subscribed again each time, and read on after the last event sent (6 ends it)
+    assert source.calls == ["listen", "read>0", "read>2", "listen", "read>2",
+                            "listen", "read>2", "read>4"]
+    assert source.left
+
+
+def test_a_stream_gives_up_only_when_redis_stays_away(short_pauses: Any) -> None:
+    source = FakeSource([ev(1), ev(2)])
+    source.failing_reads = {-1}
+    out = asyncio.run(asyncio.wait_for(collect(source), 2))
+    assert parse(out) == []
+    assert len([m for m in out if "reading again" in m]) == len(short_pauses)
+    assert out[-1].startswith(": Redis is unavailable") and "reconnect with Last-Event-ID" in out[-1]
+
+
+def test_each_outage_gets_the_whole_budget_of_pauses(short_pauses: Any) -> None:
+    log = [ev(s) for s in range(1, 8)] + [ev(8, "job_completed")]
+    source = FakeSource(log, status="completed")
+    # reads: 1 ok (1-2), 2-4 fail (three pauses), 5 ok (3-4), 6-8 fail, 9 ok (5-6), ...
+    source.failing_reads = {2, 3, 4, 6, 7, 8}
+    out = asyncio.run(asyncio.wait_for(collect(source, page=2), 2))
+    assert [s for s, _ in parse(out)] == list(range(1, 9))
+    assert not any("reconnect" in m for m in out)
