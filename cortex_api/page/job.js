@@ -555,7 +555,9 @@
                    took !== null ? fmtDuration(took) + (a.status === "running" ? "…" : "") : null].filter(Boolean);
     s.appendChild(el("span", { class: "muted facts" }, facts.join(" · ")));
 
-    if (a.status === "awaiting_approval" && !card.approval) {
+    // The box waits for `approval_requested` (it brings the parameters to approve): the
+    // job's view, loaded beside the stream, may say "awaiting approval" before it arrives.
+    if (a.status === "awaiting_approval" && a.approval && !card.approval) {
       card.approval = approvalBox(a);
       card.root.insertBefore(card.approval, card.body);
     } else if (a.status !== "awaiting_approval" && card.approval) {

@@ -301,6 +301,51 @@ def test_an_agent_job_page_approves_and_shows_generation_and_markdown(
         page.close()
 
 
+#: Runs before the page's scripts: its EventSource connects only when `releaseStreams()` is
+#: called, so a test can let the job's view (GET) arrive first, as a slow stream does.
+HELD_STREAMS = """(() => {
+  const Real = window.EventSource, held = [];
+  window.releaseStreams = () => { for (const open of held.splice(0)) open(); };
+  class Held {
+    constructor(url) {
+      this.readyState = 0; this.listeners = [];
+      held.push(() => {
+        const real = this.real = new Real(url);
+        for (const [type, fn] of this.listeners) real.addEventListener(type, fn);
+        real.onmessage = this.onmessage; real.onopen = this.onopen; real.onerror = this.onerror;
+      });
+    }
+    addEventListener(type, fn) { this.listeners.push([type, fn]); }
+    close() { if (this.real) this.real.close(); }
+  }
+  Held.CLOSED = 2;
+  window.EventSource = Held;
+})();"""
+
+
+def test_the_approve_button_waits_for_the_parameters_it_approves(
+        keyed_api: harness.Process, ops: httpx.Client, chromium: Chromium, fake_llm: FakeLLM) -> None:
+    model = unique("page")
+    fake_llm.script(model, [turn(act("d", "deploy", {"target": "web-2"})),
+                            turn(final("done"))])
+    job_id = ops.post("/v1/jobs", json={"agent": "tester", "input": "Deploy web-2.",
+                                        "options": {"model": model}}).json()["id"]
+    wait_until(lambda: [a["status"] for a in ops.get(f"/v1/jobs/{job_id}").json()["actions"]]
+               == ["awaiting_approval"], timeout=20)
+    page = chromium.open(f"{keyed_api.url}/jobs/{job_id}?api_key={KEY}", init_script=HELD_STREAMS)
+    try:
+        # The job's view says "awaiting approval" but has no parameters: no button yet.
+        page.wait_for(card("d") + "?.dataset.status === 'awaiting_approval'", timeout=10)
+        assert page.evaluate(card("d", ".approval") + " === null")
+        page.evaluate("releaseStreams()")
+        page.wait_for(card("d", ".approval button.approve") + " !== null", timeout=10)
+        assert json.loads(page.evaluate(card("d", "pre.params") + ".textContent")) == {"target": "web-2"}
+        assert not [m for m in page.console if m.startswith("exception")], page.console
+    finally:
+        page.close()
+        ops.post(f"/v1/jobs/{job_id}/cancel")
+
+
 def test_the_cancel_button_cancels_a_running_job(keyed_api: harness.Process, ops: httpx.Client,
                                                  chromium: Chromium) -> None:
     job_id = ops.post("/v1/jobs", json={"protocol": action("nap", "sleep", {"seconds": 30})}).json()["id"]
