@@ -126,6 +126,11 @@ data: {"job_id":"e3be8cc4ed564baa9ff56c68622ad11e","seq":6,"ts":1795373958.60774
   on that stream; read them with `?after=<seq of the last event>`.
 - **Keep-alive.** After 15 seconds without an event the server sends a comment line,
   `: keep-alive`.
+- **Redis errors.** A stream does not end when the API loses Redis, or finds no free
+  connection in its replay pool. It sends a comment, `: Redis is unavailable (...): reading
+  again in 0.5s`, and starts again after the last event it sent, pausing longer each time
+  (0.1 s up to 8 s). After about 30 s with no event sent it gives up, with the comment
+  `: Redis is unavailable (...): reconnect with Last-Event-ID`, and closes.
 - **Slow clients.** A client that falls 1,000 events behind, or does not take a message for
   30 seconds, is disconnected (after the comment `: too slow: disconnected; reconnect with
   Last-Event-ID` where possible). Reconnect with `Last-Event-ID` to continue.
