@@ -227,9 +227,10 @@ async def _log(source: EventSource, job_id: str, after: int, heartbeat_s: float,
     pauses = iter(REDIS_PAUSES_S)
     while True:
         sent = cursor.last
-        try:
-            async for item in _follow(source, job_id, cursor, heartbeat_s, page):
-                yield item
+        try:  # closed with `_log`, so that its listener leaves the hub at once
+            async with aclosing(_follow(source, job_id, cursor, heartbeat_s, page)) as items:
+                async for item in items:
+                    yield item
             return
         except REDIS_ERRORS as exc:
             error = exc

@@ -362,3 +362,14 @@ def test_each_outage_gets_the_whole_budget_of_pauses(short_pauses: Any) -> None:
     out = asyncio.run(asyncio.wait_for(collect(source, page=2), 2))
     assert [s for s, _ in parse(out)] == list(range(1, 9))
     assert not any("reconnect" in m for m in out)
+
+
+def test_a_client_that_goes_away_leaves_the_hub_at_once() -> None:
+    async def main() -> bool:
+        source = FakeSource([ev(1)])
+        stream = event_stream(source, "j1")
+        assert parse([await anext(stream)]) == [(1, "text")]
+        await stream.aclose()  # the client disconnected
+        return source.left  # not left to a later finalizer task
+
+    assert asyncio.run(main())
