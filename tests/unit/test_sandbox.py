@@ -6,6 +6,7 @@ import io
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -246,6 +247,23 @@ def test_runner_result_line_survives_raw_writes(tmp_path: Path) -> None:
     )
     assert result.stdout.startswith(b"raw, no newline\n")
     assert runner.parse_last_line(result.stdout) == {"ok": True, "result": 1, "stdout": ""}
+
+
+def test_runner_steps_aside_for_the_worker_once_its_answer_is_out(tmp_path: Path) -> None:
+    """The tool runs at the caller's priority; its process's exit, after the answer, at nice
+    19 (the worker reading the answer runs first). A plain subprocess: nothing kills it, so
+    its atexit handler runs and says how nice it was."""
+    (tmp_path / "nicetool.py").write_text(
+        "import atexit, os, sys\n"
+        "atexit.register(lambda: open(sys.argv[-1] + '.exit', 'w').write(str(os.nice(0))))\n"
+        "def go():\n    return os.nice(0)\n")
+    done = subprocess.run(
+        [PY, "-m", "cortex_worker.sandbox.runner", "nicetool:go"], input=b"{}", cwd=tmp_path,
+        capture_output=True, timeout=20,
+        env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO_ROOT}", "PYTHONDONTWRITEBYTECODE": "1"})
+    before = os.nice(0)
+    assert runner.parse_last_line(done.stdout) == {"ok": True, "result": before, "stdout": ""}
+    assert (tmp_path / "nicetool:go.exit").read_text() == str(min(before + 19, 19))
 
 
 @pytest.fixture
