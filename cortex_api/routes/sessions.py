@@ -61,6 +61,4 @@ def post_message(session_id: str, body: MessageCreate, request: Request, store: 
     options = JobOptions.model_validate_json(data.get("options") or "{}")  # the session's
     job_id = submit_agent(store, data["agent"], body.content, options=options, history=history,
                           session=session_id, tenant=data.get("tenant") or caller.tenant)
-    store.append_session(session_id, {"role": "user", "content": body.content, "job_id": job_id},
-                         job_id=job_id)
     return JobCreated(id=job_id, status="queued", links=JobLinks.for_job(job_id))

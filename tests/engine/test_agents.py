@@ -315,3 +315,32 @@ def test_a_turn_whose_actions_are_done_at_its_end_does_not_wait(store: Store) ->
     assert store.resume(job_id, "me:1") is not None
     assert store.end_turn(job_id, [], {}, waiter="me:1")  # drained at once: it goes on itself
     assert store.peek(job_id, "turn_waiter").turn_waiter == ""
+
+
+def test_a_session_message_is_recorded_before_its_reply(store: Store, broker: StubBroker,
+                                                        llm: FakeLLM) -> None:
+    """The session gets the user's message and the job before the job's first turn is sent,
+    so a reply that comes at once still follows the message it answers (the API used to
+    append the message after submitting: a fast job's reply came first)."""
+    model = f"engine-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [turn(final("It is 5."))])
+    store.create_session("s1", "tester", {}, 60)
+    sent: list[list[dict[str, Any]]] = []
+    real = dispatch.agent_turn
+
+    def agent_turn(job_id: str, countdown: float | None = None) -> None:
+        session = store.get_session("s1")
+        assert session is not None
+        sent.append(session["messages"])
+        real(job_id, countdown)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dispatch, "agent_turn", agent_turn)
+        job_id = jobs.submit_agent(store, "tester", "What is 2+3?", session="s1",
+                                   options=JobOptions(model=model))
+    broker.join()
+    assert sent[0] == [{"role": "user", "content": "What is 2+3?", "job_id": job_id}]
+    session = store.get_session("s1")
+    assert session is not None and session["jobs"] == [job_id]
+    assert [(m["role"], m["content"]) for m in session["messages"]] == [
+        ("user", "What is 2+3?"), ("assistant", "It is 5.")]
