@@ -132,14 +132,14 @@ def submit_agent(store: Store, agent: str, text: str, *, options: JobOptions | N
     periodic = {f.id: f for f in spec.context_feeds if f.type == "periodic" and f.enabled}
     return _create(store, "agent", fields, {"agent": spec.name}, options=options,
                    parent=parent, depth=depth, tenant=tenant, history=history,
-                   feeds=periodic, session=session)
+                   feeds=periodic)
 
 
 def _create(store: Store, kind: JobKindName, fields: dict[str, Any], queued: dict[str, Any], *,
             options: JobOptions | None, parent: tuple[str, str] | None = None, depth: int = 0,
             tenant: str | None = None, variables: dict[str, Any] | None = None,
-            history: list[dict[str, Any]] | None = None, feeds: dict[str, Any] | None = None,
-            session: str | None = None) -> str:
+            history: list[dict[str, Any]] | None = None, feeds: dict[str, Any] | None = None
+            ) -> str:
     """The bookkeeping every kind shares: create the record, link a child to its parent, and
     queue the first step. A child of an action (`parent`: job id, action id) gets an id
     derived from them, so a redelivered action finds its job instead of starting another
@@ -167,9 +167,9 @@ def _create(store: Store, kind: JobKindName, fields: dict[str, Any], queued: dic
     store.set_variables(job_id, variables or {})
     if history:
         store.append_conversation(job_id, *history)
-    if session:  # before the job can reply: the session holds the message, then the reply
-        store.append_session(session, {"role": "user", "content": fields["input"],
-                                       "job_id": job_id}, job_id=job_id)
+    if fields.get("session"):  # before the job can reply: the message, then its reply
+        store.append_session(fields["session"], {"role": "user", "content": fields["input"],
+                                                 "job_id": job_id}, job_id=job_id)
     if parent and not _adopt(store, parent, job_id):
         return job_id
     if feeds:  # an agent's periodic context feeds refresh from its creation on

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -59,7 +59,7 @@ class FakeSource:
         self.calls: list[str] = []
         self.listener = Listener(queue_size)
         self.left = False
-        self.failing_reads: set[int] = set()  # which reads (1 = the first) raise a Redis error
+        self.fails: Callable[[int], bool] = lambda read: False  # read n (1 = the first) fails
         self.reads = 0
 
     @asynccontextmanager
@@ -73,7 +73,7 @@ class FakeSource:
     async def read(self, job_id: str, after: int, count: int) -> list[dict[str, Any]]:
         self.calls.append(f"read>{after}")
         self.reads += 1
-        if self.reads in self.failing_reads or -1 in self.failing_reads:
+        if self.fails(self.reads):
             raise RedisConnectionError("No connection available.")
         return [e for e in self.log if e["seq"] > after][:count]
 
@@ -332,7 +332,7 @@ def test_a_redis_error_mid_stream_reads_again_from_where_it_stopped(short_pauses
     async def main() -> tuple[list[str], FakeSource]:
         source = FakeSource([ev(s) for s in range(1, 6)] + [ev(6, "job_completed")],
                             status="completed")
-        source.failing_reads = {2, 3}  # after the first page, twice (a lost connection, then
+        source.fails = {2, 3}.__contains__  # after the first page, twice (a lost connection, then
         return await asyncio.wait_for(collect(source, page=2), 2), source  # a full pool)
 
     out, source = asyncio.run(main())
@@ -347,7 +347,7 @@ def test_a_redis_error_mid_stream_reads_again_from_where_it_stopped(short_pauses
 
 def test_a_stream_gives_up_only_when_redis_stays_away(short_pauses: Any) -> None:
     source = FakeSource([ev(1), ev(2)])
-    source.failing_reads = {-1}
+    source.fails = lambda read: True
     out = asyncio.run(asyncio.wait_for(collect(source), 2))
     assert parse(out) == []
     assert len([m for m in out if "reading again" in m]) == len(short_pauses)
@@ -358,7 +358,7 @@ def test_each_outage_gets_the_whole_budget_of_pauses(short_pauses: Any) -> None:
     log = [ev(s) for s in range(1, 8)] + [ev(8, "job_completed")]
     source = FakeSource(log, status="completed")
     # reads: 1 ok (1-2), 2-4 fail (three pauses), 5 ok (3-4), 6-8 fail, 9 ok (5-6), ...
-    source.failing_reads = {2, 3, 4, 6, 7, 8}
+    source.fails = {2, 3, 4, 6, 7, 8}.__contains__
     out = asyncio.run(asyncio.wait_for(collect(source, page=2), 2))
     assert [s for s, _ in parse(out)] == list(range(1, 9))
     assert not any("reconnect" in m for m in out)
