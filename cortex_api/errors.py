@@ -22,6 +22,7 @@ from starlette.requests import Request
 from cortex_api.limits import invalid_unicode
 from cortex_worker.errors import CortexError, SubmitError
 from cortex_worker.manifests import UnknownAgentError, UnknownWorkflowError
+from cortex_worker.store import SessionBusy
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ STATUS: dict[type[CortexError], int] = {
     SubmitError: 422,  # the document or the workflow's inputs have errors: `errors` lists them
     UnknownAgentError: 422,  # the body names an agent no manifest declares
     UnknownWorkflowError: 422,  # the body names a workflow no manifest declares
+    SessionBusy: 409,  # the session's last job is running, or another message started one
 }
 """The status of each error of the tree the API answers; any other `CortexError` (a broken
 manifest, ...) is the server's fault: 500, with the message, and logged."""

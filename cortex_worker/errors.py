@@ -21,7 +21,8 @@ callers catch it by that name.
     ├── PathError (ValueError)           a variable path that does not resolve   protocol.variables
     ├── JSONBodyError (ValueError)       invalid JSON in an action body          protocol.lenient_json
     ├── AuthConfigError (ValueError)     API keys that cannot be loaded          cortex_api.auth
-    └── StackError (RuntimeError)        a process of `cortex up` did not start  cortex_api.stack
+    ├── StackError (RuntimeError)        a process of `cortex up` did not start  cortex_api.stack
+    └── SessionBusy                      job_id: the session's job that blocks   store
 
 Not in the tree, on purpose: `actions.call.Deferred` (control flow: a child job will record
 the outcome), `cortex_api.limits.BodyTooLarge` (already an HTTP response) and

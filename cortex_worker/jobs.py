@@ -30,7 +30,7 @@ from cortex_worker.protocol.document import Document, load_document
 from cortex_worker.record import DEFAULT_TENANT, JobKindName, JobRecord
 from cortex_worker.runtime import get_registry
 from cortex_worker.settings import Settings, get_settings
-from cortex_worker.store import Store, dumps
+from cortex_worker.store import SessionTurn, Store, dumps
 from cortex_worker.workflows import spec as wf
 
 
@@ -122,24 +122,25 @@ def submit_workflow(store: Store, name: str, inputs: Any, *, options: JobOptions
 
 def submit_agent(store: Store, agent: str, text: str, *, options: JobOptions | None = None,
                  parent: tuple[str, str] | None = None, depth: int = 0,
-                 history: list[dict[str, Any]] | None = None, session: str | None = None,
+                 history: list[dict[str, Any]] | None = None, session: SessionTurn | None = None,
                  tenant: str | None = None) -> str:
-    """Create an agent job (`agent` must be registered) and queue its first turn."""
+    """Create an agent job (`agent` must be registered) and queue its first turn; with
+    `session`, as that session's next message (SessionBusy if it cannot take one now)."""
     spec = get_registry().agent(agent)
     fields: dict[str, Any] = {"agent": spec.name, "input": text}
     if session:
-        fields["session"] = session
+        fields["session"] = session.session_id
     periodic = {f.id: f for f in spec.context_feeds if f.type == "periodic" and f.enabled}
     return _create(store, "agent", fields, {"agent": spec.name}, options=options,
                    parent=parent, depth=depth, tenant=tenant, history=history,
-                   feeds=periodic)
+                   feeds=periodic, session=session)
 
 
 def _create(store: Store, kind: JobKindName, fields: dict[str, Any], queued: dict[str, Any], *,
             options: JobOptions | None, parent: tuple[str, str] | None = None, depth: int = 0,
             tenant: str | None = None, variables: dict[str, Any] | None = None,
-            history: list[dict[str, Any]] | None = None, feeds: dict[str, Any] | None = None
-            ) -> str:
+            history: list[dict[str, Any]] | None = None, feeds: dict[str, Any] | None = None,
+            session: SessionTurn | None = None) -> str:
     """The bookkeeping every kind shares: create the record, link a child to its parent, and
     queue the first step. A child of an action (`parent`: job id, action id) gets an id
     derived from them, so a redelivered action finds its job instead of starting another
@@ -162,14 +163,12 @@ def _create(store: Store, kind: JobKindName, fields: dict[str, Any], queued: dic
     if parent:
         record.update(parent_job=parent[0], parent_action=parent[1])
     links = {"parent_job": parent[0], "parent_action": parent[1], "depth": depth} if parent else {}
+    # a session's message is recorded with the job, before the job can reply to it
     store.create_job(job_id, record, settings.event_retention_s,
-                     [("job_queued", {"kind": kind, **queued, **links})])
+                     [("job_queued", {"kind": kind, **queued, **links})], session=session)
     store.set_variables(job_id, variables or {})
     if history:
         store.append_conversation(job_id, *history)
-    if fields.get("session"):  # before the job can reply: the message, then its reply
-        store.append_session(fields["session"], {"role": "user", "content": fields["input"],
-                                                 "job_id": job_id}, job_id=job_id)
     if parent and not _adopt(store, parent, job_id):
         return job_id
     if feeds:  # an agent's periodic context feeds refresh from its creation on

@@ -18,6 +18,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from cortex_worker.errors import CortexError
 from cortex_worker.keys import (
     ACTIVE_JOBS,
     DEFAULT_TTL_S,
@@ -30,7 +31,7 @@ from cortex_worker.keys import (
     tool_slots_key,
     tool_waiting_key,
 )
-from cortex_worker.record import DEFAULT_TENANT, JobRecord, encode
+from cortex_worker.record import DEFAULT_TENANT, JOB_TERMINAL, JobRecord, encode
 
 TERMINAL = frozenset({"ok", "error", "timeout", "skipped", "cancelled"})
 RECONNECT_RETRIES = 40  # with a 1 s backoff cap: about 35 s without Redis
@@ -97,6 +98,24 @@ class Dispatch:
     recorded: bool = True  # False: nothing changed (already recorded, or the job has ended)
 
 
+class SessionBusy(CortexError):
+    """A session message that cannot start a job: the session's last job (`job_id`) is still
+    running, or another message started it after the caller read the session."""
+
+    def __init__(self, message: str, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTurn:
+    """A session message that starts a job: recorded with the job in one transaction, and
+    only if the session's last job is still `after` (as the caller read it) and has ended."""
+
+    session_id: str
+    after: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class Resumed:
     """An agent turn that is due: begun now, or taken over (`restarted`)."""
@@ -150,22 +169,54 @@ class Store:
 
     # -- jobs -----------------------------------------------------------------------------
     def create_job(self, job_id: str, fields: dict[str, Any], ttl: int,
-                   events: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
-        """Create the job hash, index it, and append its first events."""
+                   events: Sequence[tuple[str, dict[str, Any]]] = (), *,
+                   session: SessionTurn | None = None) -> None:
+        """Create the job hash, index it, and append its first events. With `session`, the
+        job's `input` and the job join the session in the same transaction (SessionBusy if
+        the session's last job is not `session.after`, or has not ended)."""
         key = job_keys(job_id).job
         now = time.time()
-        pipe = self.redis.pipeline()
-        pipe.hset(key, mapping=encode({"id": job_id, "status": "queued", "created_at": now,
-                                       "ttl": ttl, "remaining": 0, "running": 0, "failures": 0,
-                                       **fields}))
-        pipe.expire(key, ttl)
-        pipe.zadd(JOBS_INDEX, {job_id: now})
-        pipe.sadd(ACTIVE_JOBS, job_id)  # until `close` ends it
-        if fields.get("tenant"):
-            pipe.zadd(tenant_index(fields["tenant"]), {job_id: now})
-        pipe.execute()
+        with self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    session_ttl = self._watch_session(pipe, session) if session else 0
+                    pipe.multi()
+                    pipe.hset(key, mapping=encode({
+                        "id": job_id, "status": "queued", "created_at": now, "ttl": ttl,
+                        "remaining": 0, "running": 0, "failures": 0, **fields}))
+                    pipe.expire(key, ttl)
+                    pipe.zadd(JOBS_INDEX, {job_id: now})
+                    pipe.sadd(ACTIVE_JOBS, job_id)  # until `close` ends it
+                    if fields.get("tenant"):
+                        pipe.zadd(tenant_index(fields["tenant"]), {job_id: now})
+                    if session:
+                        message = {"role": "user", "content": fields["input"], "job_id": job_id}
+                        self._session_append(pipe, session.session_id, session_ttl, message,
+                                             job_id)
+                    pipe.execute()
+                    break
+                except redis.WatchError:  # the session moved on: `_watch_session` says how
+                    continue
         if events:
             self.emit(job_id, events)
+
+    @staticmethod
+    def _watch_session(pipe: Any, turn: SessionTurn) -> int:
+        """Watch the session's jobs and its last job; raise SessionBusy unless the last job
+        is `turn.after` and has ended (or expired). Returns the session's retention."""
+        key = session_key(turn.session_id)
+        pipe.watch(f"{key}:jobs")
+        last = pipe.lindex(f"{key}:jobs", -1)
+        if last != turn.after:
+            raise SessionBusy(f"another message to session {turn.session_id!r} started job "
+                              f"{last!r} first; read the session again", last)
+        if last is not None:
+            pipe.watch(job_keys(last).job)
+            status = pipe.hget(job_keys(last).job, "status")
+            if status is not None and status not in JOB_TERMINAL:
+                raise SessionBusy(f"the session's job {last!r} is still running; wait for it "
+                                  "to end (or cancel it) before sending another message", last)
+        return int(pipe.hget(key, "ttl") or DEFAULT_TTL_S)
 
     def set_job(self, job_id: str, **fields: Any) -> None:
         """Change fields of the job record (typed as in `JobRecord`)."""
@@ -408,18 +459,22 @@ class Store:
             return None
         return {**data, "messages": [json.loads(m) for m in messages], "jobs": jobs}
 
-    def append_session(self, session_id: str, message: dict[str, Any] | None = None,
-                       job_id: str | None = None) -> None:
-        key = session_key(session_id)
-        ttl = int(self.redis.hget(key, "ttl") or DEFAULT_TTL_S)
+    def append_session(self, session_id: str, message: dict[str, Any]) -> None:
+        """Add a message to the session (a job's reply)."""
+        ttl = int(self.redis.hget(session_key(session_id), "ttl") or DEFAULT_TTL_S)
         pipe = self.redis.pipeline()
-        if message is not None:
-            pipe.rpush(f"{key}:messages", dumps(message))
+        self._session_append(pipe, session_id, ttl, message)
+        pipe.execute()
+
+    @staticmethod
+    def _session_append(pipe: Any, session_id: str, ttl: int, message: dict[str, Any],
+                        job_id: str | None = None) -> None:
+        key = session_key(session_id)
+        pipe.rpush(f"{key}:messages", dumps(message))
         if job_id is not None:
             pipe.rpush(f"{key}:jobs", job_id)
         for suffix in ("", ":messages", ":jobs"):
             pipe.expire(key + suffix, ttl)
-        pipe.execute()
 
     # -- events ---------------------------------------------------------------------------
     def emit(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]], *,

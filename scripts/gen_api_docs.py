@@ -153,7 +153,8 @@ NOTES: dict[tuple[str, str], str] = {
         "The new job runs the session's agent on `content`, with the earlier messages of the "
         "session as its conversation. Its final response (or a note that it failed) is "
         "appended to the session when the job ends. Unlike `POST /v1/jobs`, `links` holds "
-        "absolute URLs. 409 while the session's previous job has not ended."
+        "absolute URLs. 409 while the session's previous job has not ended, and for all but "
+        "one of several messages sent at the same moment."
     ),
 }
 

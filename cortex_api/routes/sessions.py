@@ -13,6 +13,7 @@ from cortex_api.models import JobCreated, JobLinks, MessageCreate, SessionCreate
 from cortex_worker.jobs import submit_agent
 from cortex_worker.options import JobOptions
 from cortex_worker.runtime import get_registry
+from cortex_worker.store import SessionTurn
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -52,13 +53,10 @@ def post_message(session_id: str, body: MessageCreate, request: Request, store: 
     data = store.get_session(session_id)
     if data is None or not caller.owns(data.get("tenant")):
         raise api_error(404, f"no session {session_id!r}")
-    if data["jobs"]:
-        last = store.get_job(data["jobs"][-1])
-        if last is not None and not last.ended:
-            raise api_error(409, f"the session's job {data['jobs'][-1]!r} is still running; "
-                            "wait for it to end (or cancel it) before sending another message")
     history = [{"role": m["role"], "content": m["content"]} for m in data["messages"]]
     options = JobOptions.model_validate_json(data.get("options") or "{}")  # the session's
+    # SessionBusy (409) if the last job is running, or another message came after this read
+    after = SessionTurn(session_id, data["jobs"][-1] if data["jobs"] else None)
     job_id = submit_agent(store, data["agent"], body.content, options=options, history=history,
-                          session=session_id, tenant=data.get("tenant") or caller.tenant)
+                          session=after, tenant=data.get("tenant") or caller.tenant)
     return JobCreated(id=job_id, status="queued", links=JobLinks.for_job(job_id))

@@ -8,16 +8,19 @@ runs here as the stub takes it, then the actions it sent, then the next turn.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 import redis
 
 from cortex_worker import coordinator, dispatch, jobs, keys
+from cortex_worker.keys import JOBS_INDEX
 from cortex_worker.options import JobOptions
-from cortex_worker.store import Store
+from cortex_worker.store import SessionBusy, SessionTurn, Store
 from cortex_worker.testing import StubBroker
 from tests.engine.helpers import events, of, one, status
 from tests.fake_llm import FakeLLM, Turn
@@ -336,7 +339,8 @@ def test_a_session_message_is_recorded_before_its_reply(store: Store, broker: St
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(dispatch, "agent_turn", agent_turn)
-        job_id = jobs.submit_agent(store, "tester", "What is 2+3?", session="s1",
+        job_id = jobs.submit_agent(store, "tester", "What is 2+3?",
+                                   session=SessionTurn("s1", None),
                                    options=JobOptions(model=model))
     broker.join()
     assert sent[0] == [{"role": "user", "content": "What is 2+3?", "job_id": job_id}]
@@ -344,3 +348,47 @@ def test_a_session_message_is_recorded_before_its_reply(store: Store, broker: St
     assert session is not None and session["jobs"] == [job_id]
     assert [(m["role"], m["content"]) for m in session["messages"]] == [
         ("user", "What is 2+3?"), ("assistant", "It is 5.")]
+
+
+def test_a_session_takes_one_message_at_a_time(store: Store, broker: StubBroker) -> None:
+    """The check that the session's last job has ended and the append of the next one are
+    one transaction: a caller that read the session before another message started a job,
+    or while its job runs, gets SessionBusy, and no job is created for it."""
+    store.create_session("s2", "tester", {}, 60)
+    first = jobs.submit_agent(store, "tester", "one", session=SessionTurn("s2", None))
+    with pytest.raises(SessionBusy, match="started job") as stale:  # read before `first`
+        jobs.submit_agent(store, "tester", "two", session=SessionTurn("s2", None))
+    assert stale.value.job_id == first
+    with pytest.raises(SessionBusy, match="still running") as running:
+        jobs.submit_agent(store, "tester", "two", session=SessionTurn("s2", first))
+    assert running.value.job_id == first
+    session = store.get_session("s2")
+    assert session is not None and session["jobs"] == [first]
+    assert [m["content"] for m in session["messages"]] == ["one"]
+
+    jobs.cancel_job(store, first)  # ended: the next message may start its job
+    second = jobs.submit_agent(store, "tester", "two", session=SessionTurn("s2", first))
+    session = store.get_session("s2")
+    assert session is not None and session["jobs"] == [first, second]
+
+
+def test_callers_racing_for_a_session_start_one_job(store: Store, broker: StubBroker) -> None:
+    """Eight callers that all read the idle session, then submit at the same moment."""
+    store.create_session("s3", "tester", {}, 60)
+    before = store.redis.zcard(JOBS_INDEX)
+    gate = threading.Barrier(8)
+
+    def submit(n: int) -> str | None:
+        gate.wait()
+        try:
+            return jobs.submit_agent(store, "tester", f"m{n}", session=SessionTurn("s3", None))
+        except SessionBusy:
+            return None
+
+    with ThreadPoolExecutor(8) as pool:
+        started = [j for j in pool.map(submit, range(8)) if j is not None]
+    assert len(started) == 1
+    session = store.get_session("s3")
+    assert session is not None and session["jobs"] == started
+    assert len(session["messages"]) == 1
+    assert store.redis.zcard(JOBS_INDEX) == before + 1

@@ -13,9 +13,11 @@ fake server recorded: the request bodies (the prompts the model saw), how each r
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -661,6 +663,35 @@ def test_a_session_carries_the_conversation(api: Any, llm: FakeLLM) -> None:
         {"role": "assistant", "content": "It is 10.", "job_id": jobs[1]}]
     assert httpx.get(f"{api.url}/v1/sessions/nope").status_code == 404
     assert httpx.post(f"{api.url}/v1/sessions", json={"agent": "nobody"}).status_code == 422
+
+
+def test_messages_sent_to_a_session_at_once_start_one_job(api: Any, llm: FakeLLM) -> None:
+    """Six clients post to one idle session at the same moment: one message starts a job, the
+    others get 409, and the session records one message (each request used to pass the
+    "last job ended" check before any had appended its job, so all six started one)."""
+    model = unique("session-race")
+    llm.script(model, [turn(final("Hi."), delay_s=0.5)])
+    created = httpx.post(f"{api.url}/v1/sessions", json={"agent": "tester",
+                                                         "options": {"model": model}})
+    session = created.json()["id"]
+    gate = threading.Barrier(6)
+
+    def send(n: int) -> httpx.Response:
+        gate.wait()
+        return httpx.post(f"{api.url}/v1/sessions/{session}/messages",
+                          json={"content": f"message {n}"})
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(send, range(6)))
+    accepted = [a for a in answers if a.status_code == 202]
+    assert sorted(a.status_code for a in answers) == [202] + [409] * 5, [a.text for a in answers]
+    job_id = accepted[0].json()["id"]
+    assert all(job_id in a.json()["detail"]["message"] for a in answers if a.status_code == 409)
+    assert finish(api, job_id)[-1]["data"]["result"] == "Hi."
+    data = httpx.get(f"{api.url}/v1/sessions/{session}").json()
+    assert data["jobs"] == [job_id]
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant"]
+    assert len(llm.requests(model)) == 1
 
 
 # ------------------------------------------------------------------------------ model failures

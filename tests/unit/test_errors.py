@@ -32,6 +32,7 @@ from cortex_worker.manifests import (
     load_registry,
 )
 from cortex_worker.settings import Settings
+from cortex_worker.store import SessionBusy
 from cortex_worker.tools.errors import ToolError, ToolTimeout
 from tests.manifest_helpers import TEST_MANIFESTS
 
@@ -49,6 +50,7 @@ API_STATUS: dict[type[CortexError], int] = {
     SubmitError: 422,
     UnknownAgentError: 422,
     UnknownWorkflowError: 422,
+    SessionBusy: 409,
 }
 """What the API answers for these errors (they name what the request asked for); every other
 error of the tree is a 500."""
@@ -62,6 +64,7 @@ SAMPLE_ARGUMENTS: dict[str, Any] = {
     "path": ["x", "y"],
     "status": 500,
     "detail": {},
+    "job_id": "0123abcd",
 }
 """A value for each required constructor argument of the error classes, by name."""
 
