@@ -21,7 +21,7 @@ def create_app(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
     broker.install()
     app = Celery("cortex", broker=settings.broker, backend=settings.redis_url,
-                 include=["cortex_worker.tasks"])
+                 include=["cortex_worker.tasks"], events="cortex_worker.task_events:Events")
     app.conf.update(
         task_queues=[Queue(name, Exchange(name, type="direct"), routing_key=name) for name in POOLS],
         task_default_queue="tool",
