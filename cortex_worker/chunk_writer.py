@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -49,11 +50,19 @@ class ChunkWriter:
 
     def flush(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
         """Log the job's pending events, then `events`, now (not after the job has ended)."""
+        with self.taken(job_id, events) as batch:
+            if batch:
+                self.store.emit(job_id, batch, live=True)
+
+    @contextmanager
+    def taken(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]] = ()
+              ) -> Iterator[Events]:
+        """The job's pending events, then `events`, for the caller to log (as `flush` would)
+        before the block ends, together with what else it writes (a turn's end)."""
         with self._writing:
             with self._lock:
                 batch = [*self._pending.pop(job_id, []), *events]
-            if batch:
-                self.store.emit(job_id, self.prepare(batch), live=True)
+            yield self.prepare(batch) if batch else []
 
     def _run(self) -> None:
         while True:

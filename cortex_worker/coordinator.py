@@ -232,9 +232,11 @@ def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: Agent
         return events, {**fields, "turn_phase": "generating"}
     ran = turn - 1  # `turn` is the one about to start; it never runs if the job ends here
     if error is None:
-        end_job(store, job_id, "completed", result=result, turns=ran, closing=(events, fields))
+        end_job(store, job_id, "completed", result=result, turns=ran, closing=(events, fields),
+                job=job)
     else:
-        end_job(store, job_id, "failed", error=error, turns=ran, closing=(events, fields))
+        end_job(store, job_id, "failed", error=error, turns=ran, closing=(events, fields),
+                job=job)
     return None
 
 
@@ -435,8 +437,8 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     if state.ended:
         return None
     _fail_unseen_dependencies(store, job_id, planner, state)
-    _flush(store, job_id, state)
     if state.limit is not None:
+        _flush(store, job_id, state)
         end_job(store, job_id, "failed", error=state.limit, turns=turn)
         return None
 
@@ -478,8 +480,10 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
         events.append(("usage", {"turn": turn, "prompt_tokens": usage.prompt_tokens,
                                  "completion_tokens": usage.completion_tokens,
                                  **({"estimated": True} if estimated else {})}))
-    state.drained = store.end_turn(job_id, [*messages[len(messages) - fresh:], assistant], fields,
-                                   events, waiter=slot.take())
+    with _chunk_writer(store).taken(job_id, state.batch) as chunks:  # logged with the end
+        state.batch = []
+        state.drained = store.end_turn(job_id, [*messages[len(messages) - fresh:], assistant],
+                                       fields, events, waiter=slot.take(), chunks=chunks)
     return state
 
 
@@ -622,14 +626,14 @@ def _fail_unseen_dependencies(store: Store, job_id: str, planner: StreamPlanner,
 
 def end_job(store: Store, job_id: str, status: str, *, result: str | None = None,
             error: str | None = None, turns: int | None = None,
-            closing: Closing = ([], {})) -> None:
+            closing: Closing = ([], {}), job: JobRecord | None = None) -> None:
     """End an agent job (through `jobs.end_job`). `turns`: how many turns ran (default: the
     job's turn counter, which counts a turn as it begins). `closing`: the last turn's closing
-    events and fields, logged and written with the end."""
+    events and fields, logged and written with the end. `job`: its record, just read."""
     if turns is None:
         turns = (store.peek(job_id, "turn") or JobRecord(id=job_id)).turn
     events, fields = closing
     jobs.end_job(store, job_id, status, {"status": status, "result": result, "error": error,
                                          "turns": turns},
                  {**fields, "result": result or "", "error": error or "", "turns": turns},
-                 events=events, result=result)
+                 events=events, result=result, job=job)

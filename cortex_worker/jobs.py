@@ -308,13 +308,15 @@ def finalize(store: Store, job: JobRecord) -> None:
 
 def end_job(store: Store, job_id: str, status: str, data: dict[str, Any],
             fields: dict[str, Any], *, events: Sequence[tuple[str, dict[str, Any]]] = (),
-            only_if: str = "", result: Any = None, notify: bool = True) -> bool:
+            only_if: str = "", result: Any = None, notify: bool = True,
+            job: JobRecord | None = None) -> bool:
     """The one place a job ends, whatever its kind: log `events` and `job_<status>` (`data`),
     cancel what is unfinished (unless it completed), revoke what runs, cancel its children,
     and hand the outcome (`result`, or `data["error"]`) to the action that started it (unless
     `notify` is False: that action ends otherwise). False if it had already ended (or was
-    not `only_if`)."""
-    job = store.get_job(job_id)
+    not `only_if`). `job`: its record, if the caller has just read it (`close` checks its
+    status again)."""
+    job = job or store.get_job(job_id)
     if job is None or job.ended:
         return False
     error = data.get("error") or data.get("reason")

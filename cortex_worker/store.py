@@ -571,14 +571,17 @@ class Store:
             conversation=[json.loads(m) for m in conversation])
 
     def end_turn(self, job_id: str, messages: Sequence[dict[str, Any]], fields: Mapping[str, Any],
-                 events: Sequence[tuple[str, dict[str, Any]]] = (), *, waiter: str = "") -> bool:
-        """A turn's end in one round trip (lua/turn_end.lua): append `messages` to the
-        conversation, log `events`, set `fields`, close the turn's plan; True if the job
-        drained (its next turn is due now). If not, and `waiter` (host:pid) is given, its
-        drain is published to that process instead of being left to whoever drains it."""
+                 events: Sequence[tuple[str, dict[str, Any]]] = (), *, waiter: str = "",
+                 chunks: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
+        """A turn's end in one round trip (lua/turn_end.lua): log the turn's last `chunks`
+        (unless the job has ended), append `messages` to the conversation, log `events`, set
+        `fields`, close the turn's plan; True if the job drained (its next turn is due now).
+        If not, and `waiter` (host:pid) is given, its drain is published to that process
+        instead of being left to whoever drains it."""
+        chunk_args = _event_args(chunks)
         out = self._run("turn_end", job_id, dumps(encode(dict(fields))), waiter, str(len(messages)),
-                        *[dumps(m) for m in messages], *_event_args(events),
-                        extra_keys=(job_keys(job_id).conversation,))
+                        *[dumps(m) for m in messages], str(len(chunk_args)), *chunk_args,
+                        *_event_args(events), extra_keys=(job_keys(job_id).conversation,))
         return bool(int(out))
 
     def unwait(self, job_id: str, waiter: str) -> bool:

@@ -1,18 +1,23 @@
--- The end of an agent's turn, in one call: append its messages to the conversation, log its
--- events, write the job's fields, then close the turn's plan. KEYS[17]: the conversation.
+-- The end of an agent's turn, in one call: log its last text chunks (unless the job has
+-- ended), append its messages to the conversation, log its events, write the job's fields,
+-- then close the turn's plan. KEYS[17]: the conversation.
 -- ARGV[3]: JSON object of job fields, [4]: the owner (host:pid) that waits in place for the
--- job to drain ('' if none), [5]: n, [6 .. 5+n]: the messages (JSON), then kind, data pairs of
--- events.
+-- job to drain ('' if none), [5]: n, [6 .. 5+n]: the messages (JSON), [6+n]: m, then m
+-- arguments of kind, data pairs of chunks, then kind, data pairs of events.
 -- Returns 1 if the job drained (nothing left to wait for: its next turn is due), else 0; a
 -- job that did not drain records its waiter (`turn_waiter`: job_drained tells it). Nothing is
 -- written once the job record is gone.
 if redis.call('EXISTS', K_JOB) == 0 then return 0 end
 local n = tonumber(ARGV[5])
+local m = tonumber(ARGV[6 + n])
+if not job_ended() then
+  for i = 7 + n, 6 + n + m, 2 do emit(ARGV[i], ARGV[i + 1]) end
+end
 if n > 0 then
   redis.call('RPUSH', KEYS[17], unpack(ARGV, 6, 5 + n))
   redis.call('EXPIRE', KEYS[17], tonumber(redis.call('HGET', K_JOB, 'ttl') or '604800'))
 end
-for i = 6 + n, #ARGV, 2 do emit(ARGV[i], ARGV[i + 1]) end
+for i = 7 + n + m, #ARGV, 2 do emit(ARGV[i], ARGV[i + 1]) end
 set_fields(ARGV[3])
 redis.call('HDEL', K_JOB, 'turn_waiter')
 if job_ended() then return 0 end

@@ -130,13 +130,15 @@ def test_a_turn_reaches_the_model_in_two_redis_round_trips(
         '<result id="sum" status="ok">42</result>'
 
 
-def test_a_final_turn_ends_the_job_in_four_redis_round_trips(
+def test_a_final_turn_ends_the_job_in_three_redis_round_trips(
         store: Store, broker: StubBroker, llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> None:
-    """From the final turn's end to `job_completed`, on every job's critical path: the turn's
-    end (`end_turn`), taking the next turn (`resume`, which finds the job done), the record
-    for the end's hooks, and the end itself, which logs the last turn's close with it."""
+    """From the end of the final turn's stream to `job_completed`, on every job's critical
+    path: the turn's end (`end_turn`, which logs the turn's last text chunks with it), taking
+    the next turn (`resume`, which finds the job done and brings the record the end's hooks
+    need), and the end itself, which logs the last turn's close with it. (It took five: the
+    chunks were logged first, and the end read the record again.)"""
     trips = RoundTrips(store, monkeypatch)
-    trips.start_at(store, "end_turn")
+    trips.start_at(coordinator, "_fail_unseen_dependencies")  # just after the stream ended
     at_close = trips.seen_at(store, "close", after=True)
     for _ in range(2):  # the first job also loads the scripts into Redis, once
         model = f"engine-{uuid.uuid4().hex[:8]}"
@@ -144,8 +146,9 @@ def test_a_final_turn_ends_the_job_in_four_redis_round_trips(
         job_id = jobs.submit_agent(store, "tester", "Answer.", options=JobOptions(model=model))
         broker.join()
         assert status(store, job_id) == "completed"
-    assert at_close[-1] == 4
+    assert at_close[-1] == 3
     kinds = [e["type"] for e in store.events_after(job_id)]
+    assert "response_chunk" in kinds or "thought_chunk" in kinds or "text" in kinds, kinds
     assert kinds[-3:] == ["response_end", "turn_completed", "job_completed"]
 
 
@@ -182,7 +185,7 @@ def test_a_turn_the_store_failed_is_taken_over_once_its_lease_runs_out(
     model = f"engine-{uuid.uuid4().hex[:8]}"
     llm.script(model, [turn("<thought>Thinking.</thought>" + final("first")),
                        turn("<thought>Again.</thought>" + final("done"))])
-    real_emit, real_emit_many = store.emit, store.emit_many
+    real_emit, real_emit_many, real_end_turn = store.emit, store.emit_many, store.end_turn
     failures: list[str] = []
 
     def thinking(batch: Any) -> bool:
@@ -199,8 +202,15 @@ def test_a_turn_the_store_failed_is_taken_over_once_its_lease_runs_out(
             raise redis.ConnectionError("Redis went away")  # it keeps them for the turn
         real_emit_many(batches, **kwargs)
 
+    def end_turn(job_id: str, *args: Any, chunks: Any = (), **kwargs: Any) -> bool:
+        if not failures and thinking(chunks):  # the turn's last chunks go with its end
+            failures.append(job_id)
+            raise redis.ConnectionError("Redis went away")
+        return real_end_turn(job_id, *args, chunks=chunks, **kwargs)
+
     monkeypatch.setattr(store, "emit", emit)
     monkeypatch.setattr(store, "emit_many", emit_many)
+    monkeypatch.setattr(store, "end_turn", end_turn)
     job_id = jobs.submit_agent(store, "tester", "Think.", options=JobOptions(model=model))
     with pytest.raises(redis.ConnectionError):
         broker.join()
@@ -237,8 +247,10 @@ def test_a_turn_that_starts_after_its_job_ended_logs_its_close_but_never_begins(
     kinds = [e["type"] for e in events(store, job_id)]
     assert kinds[-2:] == ["job_cancelled", "turn_completed"] and kinds.count("turn_started") == 1
     assert store.peek(job_id, "turn_phase").turn_phase == "generating"
-    assert not store.end_turn(job_id, [{"role": "assistant", "content": "late"}], {"final": True})
+    assert not store.end_turn(job_id, [{"role": "assistant", "content": "late"}], {"final": True},
+                              chunks=[("thought_chunk", {"text": "late"})])
     assert status(store, job_id) == "cancelled"
+    assert "thought_chunk" not in [e["type"] for e in events(store, job_id)]  # never after the end
 
 
 def _waiting_turn(store: Store, waiter: str) -> str:
