@@ -57,7 +57,7 @@ from cortex_worker.protocol.actions import Action
 from cortex_worker.record import JobRecord
 from cortex_worker.runtime import get_job_ends, get_registry
 from cortex_worker.settings import get_settings
-from cortex_worker.store import Resumed, Store, TurnInputs, dumps
+from cortex_worker.store import Resumed, Store, TurnInputs, TurnStart, dumps
 
 log = logging.getLogger(__name__)
 
@@ -132,11 +132,12 @@ def _waited(store: Store, job_id: str, pushed: Watch, waiter: str) -> bool:
     return store.unwait(job_id, waiter)
 
 
-def _resume(store: Store, job_id: str) -> Resumed | None:
-    """Begin the next turn, or take over the turn in progress if its owner died (a process
-    of this host that no longer exists) or its lease expired (another host)."""
+def _resume(store: Store, job_id: str, start: TurnStart | None = None) -> Resumed | None:
+    """Begin the next turn (and start it, with `start`, if the job agrees), or take over the
+    turn in progress if its owner died (a process of this host that no longer exists) or its
+    lease expired (another host)."""
     me = owner()
-    resumed = store.resume(job_id, me, TURN_LEASE_S)
+    resumed = store.resume(job_id, me, TURN_LEASE_S, start=start)
     if resumed is not None:
         return resumed
     current = (store.peek(job_id, "turn_owner") or JobRecord(id=job_id)).turn_owner
@@ -152,8 +153,9 @@ def run_turns(store: Store, job_id: str) -> None:
     generates the turn again from the same prompt and planner state, skipping what the dead
     coordinator had already done (`turn_phase`), and never dispatching an action again that
     was already registered (see `_start_action`)."""
+    start: TurnStart | None = None  # how the next turn starts, when this thread knows it
     while True:
-        resumed = _resume(store, job_id)
+        resumed, start = _resume(store, job_id, start), None
         if resumed is None:
             return
         turn, job, restarted = resumed.turn, resumed.job, resumed.restarted
@@ -172,7 +174,7 @@ def run_turns(store: Store, job_id: str) -> None:
             return
         try:
             closing: Closing = ([], {})
-            if phase == "resumed":
+            if phase == "resumed" and resumed.inputs is None:
                 closed = _close_previous_turn(store, job_id, job, agent, turn)
                 if closed is None:
                     return
@@ -184,12 +186,15 @@ def run_turns(store: Store, job_id: str) -> None:
                     with tracing.span(f"turn {turn}", job_id, {"cortex.job.id": job_id,
                                       "cortex.agent": agent.name, "cortex.turn": turn}):
                         turn_state = _generate(store, job_id, job, agent, turn, resumed.finished,
-                                               closing, pushed, slot, restarted=restarted)
+                                               closing, pushed, slot, restarted=restarted,
+                                               inputs=resumed.inputs)
                     if turn_state is None:
                         return
                     drained = turn_state.drained
                 if not drained and not (slot.waiter and _waited(store, job_id, pushed, slot.waiter)):
                     return  # the last awaited action to finish sends the next turn
+                if phase != "generated":
+                    start = _known_start(job, agent, turn, turn_state)
         except ModelError as exc:
             end_job(store, job_id, "failed", error=f"model error: {exc}")
             return
@@ -206,6 +211,21 @@ def run_turns(store: Store, job_id: str) -> None:
             end_job(store, job_id, "failed", turns=turn,
                     error=f"internal error in turn {turn}: {type(exc).__name__}: {exc}")
             return
+
+
+def _known_start(job: JobRecord, agent: AgentSpec, turn: int, state: _Turn) -> TurnStart | None:
+    """How the next turn starts, if this thread knows without reading anything: the turn it
+    just ended left no responses to render and no final response, and no limit stops the
+    job (as `_close_previous_turn` would find). `resume` checks the record agrees."""
+    idle = state.actions == 0 and not state.final
+    reminders = job.reminders + 1 if idle else 0
+    if (state.responses or state.final or job.final or reminders >= MAX_REMINDERS
+            or turn + 1 > agent.max_turns
+            or time.time() - job.begun_at > agent.max_wall_time_s):
+        return None
+    return TurnStart(turn + 1, closing=[("turn_completed", {"turn": turn})],
+                     fields={"pending_responses": [], "turn_phase": "generating"},
+                     begin=[("turn_started", {"turn": turn + 1})])
 
 
 def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: AgentSpec,
@@ -366,13 +386,16 @@ class _Reading:
 
 def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
               finished: list[str], closing: Closing, pushed: Watch, slot: _WaitSlot,
-              restarted: bool = False) -> _Turn | None:
-    begin: list[tuple[str, dict[str, Any]]] = []
-    if not restarted:
-        first = [("job_started", {"kind": "agent", "agent": agent.name})] if turn == 1 else []
-        begin = [*first, ("turn_started", {"turn": turn})]
-    inputs = store.start_turn(job_id, closing=closing[0], fields=closing[1], begin=begin,
-                              action_ids=[*(c["action_id"] for c in job.native_calls), *finished])
+              restarted: bool = False, inputs: TurnInputs | None = None) -> _Turn | None:
+    """Generate one turn; `inputs`: its start, if `resume` made it already (`TurnStart`)."""
+    if inputs is None:
+        begin: list[tuple[str, dict[str, Any]]] = []
+        if not restarted:
+            first = [("job_started", {"kind": "agent", "agent": agent.name})] if turn == 1 else []
+            begin = [*first, ("turn_started", {"turn": turn})]
+        inputs = store.start_turn(job_id, closing=closing[0], fields=closing[1], begin=begin,
+                                  action_ids=[*(c["action_id"] for c in job.native_calls),
+                                              *finished])
     if not inputs.begun:
         return None  # it ended (cancelled) before this turn began
     messages, fresh = _prompt(store, job_id, job, agent, turn, finished, inputs)

@@ -117,16 +117,6 @@ class SessionTurn:
 
 
 @dataclass(frozen=True, slots=True)
-class Resumed:
-    """An agent turn that is due: begun now, or taken over (`restarted`)."""
-
-    turn: int
-    finished: list[str]  # actions that finished before it began
-    restarted: bool
-    job: JobRecord  # as it was once the turn was this caller's
-
-
-@dataclass(frozen=True, slots=True)
 class TurnInputs:
     """What `start_turn` logged and read."""
 
@@ -134,6 +124,41 @@ class TurnInputs:
     results: dict[str, dict[str, Any]]  # result records of the actions asked for, if recorded
     feed_changes: dict[str, dict[str, Any]]  # as `Store.feed_changes`
     conversation: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStart:
+    """How turn `turn` starts, for a caller that knows how the last one closes without
+    reading anything (no responses to render, no final response, no limit reached): `resume`
+    then begins it in the same round trip, as `start_turn(closing=..., fields=...,
+    begin=...)` would, reading the results of the native calls and of the finished actions."""
+
+    turn: int
+    closing: Sequence[tuple[str, dict[str, Any]]]
+    fields: Mapping[str, Any]
+    begin: Sequence[tuple[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """An agent turn that is due: begun now, or taken over (`restarted`)."""
+
+    turn: int
+    finished: list[str]  # actions that finished before it began
+    restarted: bool
+    job: JobRecord  # as it was once the turn was this caller's
+    inputs: TurnInputs | None = None  # the turn's start, if `resume` began it (`TurnStart`)
+
+
+def _turn_inputs(out: Sequence[Any], action_ids: Sequence[str]) -> TurnInputs:
+    """What lua's begin_turn returned, for `action_ids`."""
+    begun, results, changes, conversation = out
+    return TurnInputs(
+        begun=int(begun) != 0,
+        results={a: json.loads(v) for a, v in zip(action_ids, results, strict=True)
+                 if v is not None},
+        feed_changes={k: json.loads(v) for k, v in zip(changes[::2], changes[1::2], strict=True)},
+        conversation=[json.loads(m) for m in conversation])
 
 
 class Store:
@@ -533,17 +558,32 @@ class Store:
         return [json.loads(x) for x in self._run("requeue", job_id, action_id)]
 
     def resume(self, job_id: str, owner: str = "", lease_s: float = 30.0,
-               dead_owner: str = "") -> Resumed | None:
+               dead_owner: str = "", start: TurnStart | None = None) -> Resumed | None:
         """Begin an agent's next turn as `owner`, or take over the turn in progress if its
         owner is `dead_owner` or its lease expired (see lua/resume.lua); None if no turn is
-        due. The job record comes in the same round trip."""
-        out = self._run("resume", job_id, owner, repr(lease_s), dead_owner)
+        due. The job record comes in the same round trip, and with `start` the turn's start
+        too (`Resumed.inputs`) if the job agrees (else the caller starts it)."""
+        keys = job_keys(job_id)
+        starting: list[str] = []
+        if start is not None:
+            closing = _event_args(start.closing)
+            starting = [str(start.turn), dumps(encode(dict(start.fields))), str(len(closing)),
+                        *closing, *_event_args(start.begin)]
+        out = self._run("resume", job_id, owner, repr(lease_s), dead_owner, *starting,
+                        extra_keys=(keys.conversation, keys.feeds))
         if not int(out[0]):
             return None
         n = int(out[2])
-        record = out[3 + n:]
-        return Resumed(int(out[0]), list(out[3:3 + n]), bool(int(out[1])),
-                       JobRecord.from_hash(dict(zip(record[::2], record[1::2], strict=True))))
+        finished = list(out[3:3 + n])
+        m = int(out[3 + n])
+        record = out[4 + n:4 + n + m]
+        job = JobRecord.from_hash(dict(zip(record[::2], record[1::2], strict=True)))
+        begun = out[4 + n + m]
+        inputs = None
+        if begun != 0:
+            asked = [c["action_id"] for c in job.native_calls] + finished
+            inputs = _turn_inputs(begun, asked)
+        return Resumed(int(out[0]), finished, bool(int(out[1])), job, inputs)
 
     def start_turn(self, job_id: str, *, closing: Sequence[tuple[str, dict[str, Any]]] = (),
                    fields: Mapping[str, Any] | None = None,
@@ -559,16 +599,10 @@ class Store:
                         dumps(None if action_ids is None else list(action_ids)),
                         str(len(closing_args)), *closing_args, *_event_args(begin),
                         extra_keys=(keys.conversation, keys.feeds))
-        begun = int(out[0]) != 0
         if action_ids is None:
-            return TurnInputs(begun=begun, results={}, feed_changes={}, conversation=[])
-        _, results, changes, conversation = out
-        return TurnInputs(
-            begun=begun,
-            results={a: json.loads(v) for a, v in zip(action_ids, results, strict=True)
-                     if v is not None},
-            feed_changes={k: json.loads(v) for k, v in zip(changes[::2], changes[1::2], strict=True)},
-            conversation=[json.loads(m) for m in conversation])
+            return TurnInputs(begun=int(out[0]) != 0, results={}, feed_changes={},
+                              conversation=[])
+        return _turn_inputs(out, list(action_ids))
 
     def end_turn(self, job_id: str, messages: Sequence[dict[str, Any]], fields: Mapping[str, Any],
                  events: Sequence[tuple[str, dict[str, Any]]] = (), *, waiter: str = "",

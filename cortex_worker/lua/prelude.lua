@@ -204,3 +204,28 @@ end
 local function skip_record(why)
   return '{"status":"skipped","error":' .. cjson.encode(why) .. ',"finished_at":' .. NOW .. '}'
 end
+
+-- A turn's start (turn_start.lua; resume.lua when its caller knows how the last turn closes):
+-- log the close (ARGV[at] arguments of kind, data pairs from ARGV[at + 1]), write `fields`,
+-- log the turn's begin events (the pairs after those, only while the job has not ended), and
+-- read what its prompt needs. KEYS[17]: the conversation, KEYS[18]: the run-time feed changes.
+-- `ids`: the action ids whose results to read, or cjson.null to read nothing.
+-- Returns {seq of the last begin event (0: the job had ended, none logged; -1: none asked),
+-- then, unless `ids` is null: results (one per id, nil if unrecorded), feed changes (field,
+-- value, ...), conversation}.
+local function begin_turn(fields, ids, at)
+  local closing = at + tonumber(ARGV[at])
+  for i = at + 1, closing, 2 do emit(ARGV[i], ARGV[i + 1]) end
+  if redis.call('EXISTS', K_JOB) == 1 then set_fields(fields) end
+  local begun = -1
+  if #ARGV > closing then
+    begun = 0
+    if not job_ended() then
+      for i = closing + 1, #ARGV, 2 do begun = emit(ARGV[i], ARGV[i + 1]) end
+    end
+  end
+  if ids == cjson.null then return {begun} end
+  local results = {}
+  if #ids > 0 then results = redis.call('HMGET', K_RESULT, unpack(ids)) end
+  return {begun, results, redis.call('HGETALL', KEYS[18]), redis.call('LRANGE', KEYS[17], 0, -1)}
+end

@@ -4,14 +4,39 @@
 -- A turn in progress (running, plan open) is taken over, not begun again, when its owner is
 -- ARGV[5] (a dead process) or its lease has expired: the same turn number and the same inbox
 -- (kept in `turn_inbox`) are returned, so the new owner can generate the turn again.
--- Returns {turn, restarted (0|1), n, the n ids finished before the turn, then the job record
--- (field, value, ...)}, or {0} if no turn is due.
+-- ARGV[6]: the turn to begin at once ('' if none), [7]: JSON object of job fields, [8] and on:
+-- the turn's close and begin events as turn_start.lua takes them. A caller that knows how the
+-- last turn closes (nothing to render: no pending responses, no final response) sends them,
+-- and the turn begins in this call if it is that turn, begun now (not taken over), and the
+-- record agrees. KEYS[17], KEYS[18]: the conversation and the feed changes.
+-- Returns {turn, restarted (0|1), n, the n ids finished before the turn, m, the job record
+-- (m values: field, value, ...), then what begin_turn returned, or 0 if the turn was not
+-- begun}, or {0} if no turn is due.
 
 -- `out` with the ids and the job record after it: the caller needs both to start the turn.
 local function with_record(out, ids)
   table.insert(out, #ids)
   for _, id in ipairs(ids) do table.insert(out, id) end
-  for _, x in ipairs(redis.call('HGETALL', K_JOB)) do table.insert(out, x) end
+  local record = redis.call('HGETALL', K_JOB)
+  table.insert(out, #record)
+  for _, x in ipairs(record) do table.insert(out, x) end
+  return out
+end
+
+-- Begin the turn now, if the caller asked for `turn` and nothing needs rendering first.
+local function begin_now(out, turn, ids)
+  local pending = redis.call('HGET', K_JOB, 'pending_responses')
+  if (ARGV[6] or '') == '' or tonumber(ARGV[6]) ~= turn or (pending and pending ~= '[]' and
+      pending ~= '') or redis.call('HGET', K_JOB, 'final') == '1' then
+    table.insert(out, 0)
+    return out
+  end
+  local want = {}
+  for _, call in ipairs(cjson.decode(redis.call('HGET', K_JOB, 'native_calls') or '[]')) do
+    table.insert(want, call.action_id)
+  end
+  for _, id in ipairs(ids) do table.insert(want, id) end
+  table.insert(out, begin_turn(ARGV[7], want, 8))
   return out
 end
 
@@ -23,17 +48,20 @@ if st == 'running' and redis.call('HGET', K_JOB, 'closed') == '0' then
   local expiry = tonumber(redis.call('HGET', K_JOB, 'turn_lease') or '0')
   if not (dead ~= '' and cur == dead) and expiry > tonumber(NOW) then return {0} end
   redis.call('HSET', K_JOB, 'turn_owner', owner, 'turn_lease', tostring(tonumber(NOW) + lease))
-  return with_record({tonumber(redis.call('HGET', K_JOB, 'turn') or '1'), 1},
-                     cjson.decode(redis.call('HGET', K_JOB, 'turn_inbox') or '[]'))
+  local out = with_record({tonumber(redis.call('HGET', K_JOB, 'turn') or '1'), 1},
+                          cjson.decode(redis.call('HGET', K_JOB, 'turn_inbox') or '[]'))
+  table.insert(out, 0)  -- a turn taken over is generated again by its own path
+  return out
 end
 if st ~= 'queued' and st ~= 'finishing' then return {0} end
 redis.call('HSET', K_JOB, 'status', 'running', 'closed', '0')
 if st == 'queued' then redis.call('HSET', K_JOB, 'started_at', NOW) end
-local out = {redis.call('HINCRBY', K_JOB, 'turn', 1), 0}
+local turn = redis.call('HINCRBY', K_JOB, 'turn', 1)
+local out = {turn, 0}
 local ids = redis.call('LRANGE', K_INBOX, 0, -1)
 redis.call('DEL', K_INBOX)
 if owner ~= '' then
   redis.call('HSET', K_JOB, 'turn_owner', owner, 'turn_lease', tostring(tonumber(NOW) + lease),
              'turn_phase', 'resumed', 'turn_inbox', #ids > 0 and cjson.encode(ids) or '[]')
 end
-return with_record(out, ids)
+return begin_now(with_record(out, ids), turn, ids)

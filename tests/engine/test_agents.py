@@ -20,7 +20,7 @@ import redis
 from cortex_worker import coordinator, dispatch, jobs, keys
 from cortex_worker.keys import JOBS_INDEX
 from cortex_worker.options import JobOptions
-from cortex_worker.store import SessionBusy, SessionTurn, Store
+from cortex_worker.store import SessionBusy, SessionTurn, Store, TurnStart
 from cortex_worker.testing import StubBroker
 from tests.engine.helpers import events, of, one, status
 from tests.fake_llm import FakeLLM, Turn
@@ -404,3 +404,76 @@ def test_callers_racing_for_a_session_start_one_job(store: Store, broker: StubBr
     assert session is not None and session["jobs"] == started
     assert len(session["messages"]) == 1
     assert store.redis.zcard(JOBS_INDEX) == before + 1
+
+
+def test_a_turn_that_waited_in_place_is_begun_by_resume(store: Store, broker: StubBroker,
+                                                         llm: FakeLLM,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn whose thread waited in place for its actions knows how the next turn starts
+    (nothing to render, no final response): `resume` begins it in the same round trip, so
+    one round trip lies between the drain and the model request (it took two: `resume`,
+    then `start_turn`). The events and the prompt are as before."""
+    model = f"engine-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [turn(act("sum", "calculator", {"expression": "19 + 23"})),
+                       turn(final("The sum is $sum."))])
+    starts: list[int] = []
+    real_start = store.start_turn
+
+    def start_turn(job_id: str, **kwargs: Any) -> Any:
+        starts.append(len(kwargs.get("begin") or ()))
+        return real_start(job_id, **kwargs)
+
+    monkeypatch.setattr(store, "start_turn", start_turn)
+    coordinator.wait_in_place(4)
+    try:
+        job_id = jobs.submit_agent(store, "tester", "Add.", options=JobOptions(model=model))
+        coordinating = threading.Thread(target=coordinator.run_turns, args=(store, job_id))
+        coordinating.start()  # the agent worker's thread: turn 1, then it waits in place
+        deadline = time.monotonic() + 10
+        while not (store.peek(job_id, "turn_waiter").turn_waiter
+                   and broker.messages(dispatch.ACTION_TASK)):
+            assert time.monotonic() < deadline, "turn 1 did not end and wait"
+            time.sleep(0.01)
+        broker.join()  # the action runs here; its drain wakes the waiting thread
+        coordinating.join(10)
+    finally:
+        coordinator.wait_in_place(0)
+    assert not coordinating.is_alive()
+    assert status(store, job_id) == "completed"
+    assert starts == [2]  # turn 1 (job_started, turn_started) only: resume began turn 2
+    kinds = [e["type"] for e in store.events_after(job_id)]
+    assert kinds.count("turn_started") == 2
+    assert kinds.index("action_completed") < kinds.index("turn_completed") < \
+        len(kinds) - 1 - kinds[::-1].index("turn_started")
+    assert llm.requests(model)[1]["messages"][-1]["content"] == \
+        '<result id="sum" status="ok">42</result>'
+    assert store.get_job(job_id).result == "The sum is 42."
+
+
+def test_resume_begins_a_known_start_only_if_the_record_agrees(store: Store) -> None:
+    """A `TurnStart` for another turn, or for a job whose last turn left responses to render
+    or a final response, is not begun: `resume` only takes the turn, and logs nothing."""
+    start = TurnStart(2, closing=[("turn_completed", {"turn": 1})],
+                      fields={"pending_responses": [], "turn_phase": "generating"},
+                      begin=[("turn_started", {"turn": 2})])
+    for case, fields in [("pending", {"turn": 1, "pending_responses": [{"final": False,
+                                                                         "text": "$x"}]}),
+                         ("final", {"turn": 1, "final": True}),
+                         ("other turn", {"turn": 2})]:
+        job_id = f"known-{uuid.uuid4().hex[:8]}"
+        store.create_job(job_id, {"kind": "agent", "agent": "tester", "status": "finishing",
+                                  **fields}, ttl=600)
+        resumed = store.resume(job_id, "me:1", start=start)
+        assert resumed is not None and resumed.inputs is None, case
+        assert events(store, job_id) == [], case
+        assert store.peek(job_id, "turn_phase").turn_phase == "resumed", case
+
+    job_id = f"known-{uuid.uuid4().hex[:8]}"
+    store.create_job(job_id, {"kind": "agent", "agent": "tester", "status": "finishing",
+                              "turn": 1}, ttl=600)
+    store.append_conversation(job_id, {"role": "user", "content": "hi"})
+    resumed = store.resume(job_id, "me:1", start=start)
+    assert resumed is not None and resumed.inputs is not None and resumed.inputs.begun
+    assert resumed.inputs.conversation == [{"role": "user", "content": "hi"}]
+    assert [e["type"] for e in events(store, job_id)] == ["turn_completed", "turn_started"]
+    assert store.peek(job_id, "turn_phase").turn_phase == "generating"
