@@ -61,10 +61,14 @@ class BackgroundDispatcher(EventDispatcher):
             self.dropped += 1
 
     def _ensure_thread(self) -> None:
-        if self._thread_pid == os.getpid() and self._thread is not None:
+        """Start the publishing thread: on first use, in a forked child, or after it stopped
+        (it could not connect to the broker)."""
+        thread = self._thread
+        if self._thread_pid == os.getpid() and thread is not None and thread.is_alive():
             return
         with self._start_lock:
-            if self._thread_pid != os.getpid() or self._thread is None:
+            thread = self._thread
+            if self._thread_pid != os.getpid() or thread is None or not thread.is_alive():
                 if self._thread_pid != os.getpid():  # forked: the parent's queue is not ours
                     self._queue = queue.Queue(QUEUE_LIMIT)
                 self._thread = threading.Thread(target=self._run, name="celery-events",
