@@ -153,7 +153,7 @@ def run_turns(store: Store, job_id: str) -> None:
     generates the turn again from the same prompt and planner state, skipping what the dead
     coordinator had already done (`turn_phase`), and never dispatching an action again that
     was already registered (see `_start_action`)."""
-    start: TurnStart | None = None  # how the next turn starts, when this thread knows it
+    start: TurnStart | None = FIRST_TURN  # how the next turn starts, when this thread knows it
     while True:
         resumed, start = _resume(store, job_id, start), None
         if resumed is None:
@@ -211,6 +211,13 @@ def run_turns(store: Store, job_id: str) -> None:
             end_job(store, job_id, "failed", turns=turn,
                     error=f"internal error in turn {turn}: {type(exc).__name__}: {exc}")
             return
+
+
+FIRST_TURN = TurnStart(1, closing=[], fields={"pending_responses": [], "result": "",
+                                              "turn_phase": "generating"},
+                       begin=[("turn_started", {"turn": 1})])
+"""How every job's first turn starts (no turn to close, no limit reached yet): `resume` logs
+`job_started` with it."""
 
 
 def _known_start(job: JobRecord, agent: AgentSpec, turn: int, state: _Turn) -> TurnStart | None:

@@ -131,7 +131,8 @@ class TurnStart:
     """How turn `turn` starts, for a caller that knows how the last one closes without
     reading anything (no responses to render, no final response, no limit reached): `resume`
     then begins it in the same round trip, as `start_turn(closing=..., fields=...,
-    begin=...)` would, reading the results of the native calls and of the finished actions."""
+    begin=...)` would, reading the results of the native calls and of the finished actions
+    (and logging `job_started` first, for turn 1)."""
 
     turn: int
     closing: Sequence[tuple[str, dict[str, Any]]]
@@ -196,11 +197,13 @@ class Store:
     def create_job(self, job_id: str, fields: dict[str, Any], ttl: int,
                    events: Sequence[tuple[str, dict[str, Any]]] = (), *,
                    session: SessionTurn | None = None) -> None:
-        """Create the job hash, index it, and append its first events. With `session`, the
-        job's `input` and the job join the session in the same transaction (SessionBusy if
-        the session's last job is not `session.after`, or has not ended)."""
+        """Create the job hash, index it, and append its first events, in one transaction.
+        With `session`, the job's `input` and the job join the session in it too
+        (SessionBusy if the session's last job is not `session.after`, or has not ended)."""
         key = job_keys(job_id).job
         now = time.time()
+        emit = self._scripts["emit"]
+        logged = not events
         with self.redis.pipeline() as pipe:
             while True:
                 try:
@@ -218,11 +221,17 @@ class Store:
                         message = {"role": "user", "content": fields["input"], "job_id": job_id}
                         self._session_append(pipe, session.session_id, session_ttl, message,
                                              job_id)
+                    if events:  # by its digest: a script object would check it first, apart
+                        pipe.evalsha(emit.sha, SCRIPT_KEYS, *job_keys(job_id)[:SCRIPT_KEYS],
+                                     job_id, repr(now), "0", *_event_args(events))
                     pipe.execute()
+                    logged = True
                     break
                 except redis.WatchError:  # the session moved on: `_watch_session` says how
                     continue
-        if events:
+                except redis.exceptions.NoScriptError:  # Redis lost its scripts (a restart):
+                    break  # the rest of the transaction ran; the events go the usual way
+        if not logged:
             self.emit(job_id, events)
 
     @staticmethod

@@ -209,11 +209,12 @@ end
 -- log the close (ARGV[at] arguments of kind, data pairs from ARGV[at + 1]), write `fields`,
 -- log the turn's begin events (the pairs after those, only while the job has not ended), and
 -- read what its prompt needs. KEYS[17]: the conversation, KEYS[18]: the run-time feed changes.
--- `ids`: the action ids whose results to read, or cjson.null to read nothing.
+-- `ids`: the action ids whose results to read, or cjson.null to read nothing. `started`: the
+-- data of a `job_started` event to log before the begin events (an agent's first turn).
 -- Returns {seq of the last begin event (0: the job had ended, none logged; -1: none asked),
 -- then, unless `ids` is null: results (one per id, nil if unrecorded), feed changes (field,
 -- value, ...), conversation}.
-local function begin_turn(fields, ids, at)
+local function begin_turn(fields, ids, at, started)
   local closing = at + tonumber(ARGV[at])
   for i = at + 1, closing, 2 do emit(ARGV[i], ARGV[i + 1]) end
   if redis.call('EXISTS', K_JOB) == 1 then set_fields(fields) end
@@ -221,6 +222,7 @@ local function begin_turn(fields, ids, at)
   if #ARGV > closing then
     begun = 0
     if not job_ended() then
+      if started then emit('job_started', started) end
       for i = closing + 1, #ARGV, 2 do begun = emit(ARGV[i], ARGV[i + 1]) end
     end
   end

@@ -8,7 +8,8 @@
 -- the turn's close and begin events as turn_start.lua takes them. A caller that knows how the
 -- last turn closes (nothing to render: no pending responses, no final response) sends them,
 -- and the turn begins in this call if it is that turn, begun now (not taken over), and the
--- record agrees. KEYS[17], KEYS[18]: the conversation and the feed changes.
+-- record agrees; turn 1 also logs `job_started` (kind agent, the record's agent) first.
+-- KEYS[17], KEYS[18]: the conversation and the feed changes.
 -- Returns {turn, restarted (0|1), n, the n ids finished before the turn, m, the job record
 -- (m values: field, value, ...), then what begin_turn returned, or 0 if the turn was not
 -- begun}, or {0} if no turn is due.
@@ -36,7 +37,11 @@ local function begin_now(out, turn, ids)
     table.insert(want, call.action_id)
   end
   for _, id in ipairs(ids) do table.insert(want, id) end
-  table.insert(out, begin_turn(ARGV[7], want, 8))
+  local started = nil
+  if turn == 1 then
+    started = '{"kind":"agent","agent":' .. cjson.encode(redis.call('HGET', K_JOB, 'agent') or '') .. '}'
+  end
+  table.insert(out, begin_turn(ARGV[7], want, 8, started))
   return out
 end
 

@@ -1,9 +1,12 @@
-"""Helpers of the engine tests: documents to submit, and reading a job's event log."""
+"""Helpers of the engine tests: documents to submit, reading a job's event log, and counting
+Redis round trips."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+import pytest
 
 from cortex_worker.store import Store
 
@@ -38,3 +41,45 @@ def status(store: Store, job_id: str) -> str:
     job = store.peek(job_id, "status")
     assert job is not None, f"no job {job_id}"
     return job.status
+
+
+class RoundTrips:
+    """Counts the Redis round trips (connections taken from the store's pool) from the last
+    call of one method to calls of another."""
+
+    def __init__(self, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        self.monkeypatch = monkeypatch
+        pool = store.redis.connection_pool
+        taken = pool.get_connection
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return taken(*args, **kwargs)
+
+        monkeypatch.setattr(pool, "get_connection", counted)
+
+    def start_at(self, owner: object, name: str) -> None:
+        """Count from zero at each call of `owner.name`."""
+        real = getattr(owner, name)
+
+        def started(*args: Any, **kwargs: Any) -> Any:
+            self.count = 0
+            return real(*args, **kwargs)
+
+        self.monkeypatch.setattr(owner, name, started)
+
+    def seen_at(self, owner: object, name: str, *, after: bool = False) -> list[int]:
+        """The counts at each call of `owner.name` (before it runs, or `after`)."""
+        real, seen = getattr(owner, name), []
+
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            if not after:
+                seen.append(self.count)
+            out = real(*args, **kwargs)
+            if after:
+                seen.append(self.count)
+            return out
+
+        self.monkeypatch.setattr(owner, name, noted)
+        return seen

@@ -7,11 +7,13 @@ messages the engine sent (`broker.sent`).
 
 from __future__ import annotations
 
+import pytest
+
 from cortex_worker import dispatch, jobs
 from cortex_worker.options import JobOptions
 from cortex_worker.store import TERMINAL, Store
 from cortex_worker.testing import CANVAS, StubBroker
-from tests.engine.helpers import action, events, of, one, status
+from tests.engine.helpers import RoundTrips, action, events, of, one, status
 
 READINESS = JobOptions(canvas=False)
 
@@ -323,3 +325,28 @@ def test_a_skip_frees_the_slots_of_parked_actions(store: Store, broker: StubBrok
     assert status(store, job_id) == "failed"
     job = store.get_job(job_id)
     assert job is not None and job.running == 0
+
+
+def test_a_job_and_its_first_events_are_created_in_one_round_trip(
+        store: Store, broker: StubBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record, its indexes and `job_queued` go to Redis in one transaction: a submission
+    is one round trip before its first step is sent (it took two)."""
+    trips = RoundTrips(store, monkeypatch)
+    trips.start_at(store, "create_job")
+    at_send = trips.seen_at(dispatch, "start_job")
+    for _ in range(2):  # the first also loads the emit script into Redis, once
+        job_id = jobs.submit_document(store, action("a", "echo", {"message": "hi"}))
+    assert at_send[-1] == 1
+    assert [e["type"] for e in events(store, job_id)] == ["job_queued"]
+
+
+def test_a_job_created_after_redis_lost_its_scripts_logs_its_events_once(
+        store: Store, broker: StubBroker) -> None:
+    """After a Redis restart the scripts are gone: the transaction creates the job, its
+    `emit` fails alone (NOSCRIPT), and the events are logged the usual way, once."""
+    store.redis.script_flush()
+    job_id = jobs.submit_document(store, action("a", "echo", {"message": "hi"}))
+    assert [e["type"] for e in events(store, job_id)] == ["job_queued"]
+    assert status(store, job_id) == "queued"
+    broker.join()
+    assert status(store, job_id) == "completed"
