@@ -60,6 +60,9 @@ def test_redis_restart_mid_job(stack: Stack) -> None:
     clients = [SSEClient(stack.url, doc_id), SSEClient(stack.url, agent_id)]
     stack.wait_event(doc_id, lambda e: e["type"] == "action_completed"
                      and e["data"]["action_id"] == "a")
+    # both streams are open before Redis stops (a client still connecting would get a 503
+    # while it is down, and reconnect: that is not what this test checks)
+    harness.wait_until(lambda: all(c.events for c in clients), timeout=10)
     supervised = stack.supervise()  # replaces a worker that dies, so a crash reads clearly
     try:
         stopped_at = time.time()

@@ -604,8 +604,9 @@ class FakeStore:
         return self.jobs.get(job_id)
 
     def create_job(self, job_id: str, fields: dict[str, Any], ttl: int,
-                   events: list[tuple[str, dict[str, Any]]]) -> None:
+                   events: list[tuple[str, dict[str, Any]]], *, session: Any = None) -> None:
         assert job_id not in self.jobs, "created twice"
+        assert session is None  # a workflow's child run belongs to no session
         self.jobs[job_id] = JobRecord.from_hash(encode({"id": job_id, "status": "queued", **fields}))
         self.emit(job_id, events)
 
