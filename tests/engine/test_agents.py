@@ -365,6 +365,25 @@ def test_callers_racing_for_a_session_start_one_job(store: Store, broker: StubBr
     assert store.redis.zcard(JOBS_INDEX) == before + 1
 
 
+def _coordinate_in_place(store: Store, broker: StubBroker, job_id: str) -> threading.Thread:
+    """Run the job's turns in a thread, as a threaded agent worker does (each turn waits in
+    place for its actions), and its actions here, until the job ends."""
+    coordinator.wait_in_place(4)
+    try:
+        coordinating = threading.Thread(target=coordinator.run_turns, args=(store, job_id))
+        coordinating.start()
+        deadline = time.monotonic() + 30
+        while coordinating.is_alive():
+            assert time.monotonic() < deadline, "the job did not end"
+            if broker.messages(dispatch.ACTION_TASK, queue=None) and broker.pending:
+                broker.join()  # the actions run here; the drain wakes the waiting thread
+            time.sleep(0.01)
+        broker.join()
+    finally:
+        coordinator.wait_in_place(0)
+    return coordinating
+
+
 def test_a_turn_that_waited_in_place_is_begun_by_resume(store: Store, broker: StubBroker,
                                                          llm: FakeLLM,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
@@ -383,20 +402,8 @@ def test_a_turn_that_waited_in_place_is_begun_by_resume(store: Store, broker: St
         return real_start(job_id, **kwargs)
 
     monkeypatch.setattr(store, "start_turn", start_turn)
-    coordinator.wait_in_place(4)
-    try:
-        job_id = jobs.submit_agent(store, "tester", "Add.", options=JobOptions(model=model))
-        coordinating = threading.Thread(target=coordinator.run_turns, args=(store, job_id))
-        coordinating.start()  # the agent worker's thread: turn 1, then it waits in place
-        deadline = time.monotonic() + 10
-        while not (store.peek(job_id, "turn_waiter").turn_waiter
-                   and broker.messages(dispatch.ACTION_TASK)):
-            assert time.monotonic() < deadline, "turn 1 did not end and wait"
-            time.sleep(0.01)
-        broker.join()  # the action runs here; its drain wakes the waiting thread
-        coordinating.join(10)
-    finally:
-        coordinator.wait_in_place(0)
+    job_id = jobs.submit_agent(store, "tester", "Add.", options=JobOptions(model=model))
+    coordinating = _coordinate_in_place(store, broker, job_id)
     assert not coordinating.is_alive()
     assert status(store, job_id) == "completed"
     assert starts == []  # resume began turn 1 (with job_started), and turn 2
@@ -436,3 +443,18 @@ def test_resume_begins_a_known_start_only_if_the_record_agrees(store: Store) -> 
     assert resumed.inputs.conversation == [{"role": "user", "content": "hi"}]
     assert [e["type"] for e in events(store, job_id)] == ["turn_completed", "turn_started"]
     assert store.peek(job_id, "turn_phase").turn_phase == "generating"
+
+
+def test_a_turn_that_waited_in_place_still_stops_at_max_turns(store: Store, broker: StubBroker,
+                                                              llm: FakeLLM) -> None:
+    """A thread that knows how the last turn closes still checks the agent's limits: after
+    `max_turns` (4 for `tester`) turns of actions, the job fails instead of a fifth turn."""
+    model = f"engine-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [turn(act(f"s{n}", "calculator", {"expression": f"{n} + 1"}))
+                       for n in range(5)])
+    job_id = jobs.submit_agent(store, "tester", "Count.", options=JobOptions(model=model))
+    _coordinate_in_place(store, broker, job_id)
+    job = store.get_job(job_id)
+    assert job is not None and job.status == "failed", job
+    assert "max_turns (4)" in job.error
+    assert len(llm.requests(model)) == 4
