@@ -61,6 +61,7 @@ DRAIN_GRACE_S = 0.5
 """After the group is killed, how long to wait for pipes held by escaped processes."""
 
 _CHUNK = 64 * 1024
+_READS_PER_WAKE = 16  # then the loop looks at the deadline again (a tool that writes fast)
 
 
 class SandboxError(CortexError, RuntimeError):
@@ -406,8 +407,9 @@ class _Capture:
         sel = selectors.DefaultSelector()
         pidfd = self._pidfd()
         try:
-            sel.register(proc.stdout, selectors.EVENT_READ, "out")
-            sel.register(proc.stderr, selectors.EVENT_READ, "err")
+            for stream, name in ((proc.stdout, "out"), (proc.stderr, "err")):
+                os.set_blocking(stream.fileno(), False)  # `_handle` reads all that is there
+                sel.register(stream, selectors.EVENT_READ, name)
             if proc.stdin is not None:
                 if self.stdin:
                     os.set_blocking(proc.stdin.fileno(), False)
@@ -469,20 +471,27 @@ class _Capture:
             self._on_exit()
         elif key.data == "in":
             self._write_stdin(sel, key)
-        else:
-            data = os.read(key.fd, _CHUNK)
-            if not data:
-                sel.unregister(key.fileobj)
-                return
-            buf = self.out if key.data == "out" else self.err
-            room = self.cap - len(buf)
-            if len(data) > room:
-                if key.data == "out":
-                    self.out_truncated = True
-                else:
-                    self.err_truncated = True
-            if room > 0:
-                buf += data[:room]
+        else:  # what is there, and its end if that came with it: one wake, not two
+            for _ in range(_READS_PER_WAKE):
+                try:
+                    data = os.read(key.fd, _CHUNK)
+                except BlockingIOError:
+                    return
+                if not data:
+                    sel.unregister(key.fileobj)
+                    return
+                self._keep(key.data, data)
+
+    def _keep(self, stream: str, data: bytes) -> None:
+        buf = self.out if stream == "out" else self.err
+        room = self.cap - len(buf)
+        if len(data) > room:
+            if stream == "out":
+                self.out_truncated = True
+            else:
+                self.err_truncated = True
+        if room > 0:
+            buf += data[:room]
 
     def _write_stdin(self, sel: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
         assert self.stdin is not None and self.proc.stdin is not None

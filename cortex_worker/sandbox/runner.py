@@ -11,7 +11,8 @@ What the function prints still goes to stdout, before that line; the traceback o
 goes to stderr. Once the line is out, stdout and stderr are ended (pointed at /dev/null): the
 worker, which waits for their end, has the answer then, not once this process has exited (an
 exit costs about 1.5 ms forked from a warm zygote, an interpreter's shutdown far more); what
-is written after it, by atexit handlers say, is dropped. That exit then runs at the lowest
+is written after it, by atexit handlers say, is dropped. Stderr ends just before the line is
+written and stdout right after it, so the worker reads the line and the end in one wake. That exit then runs at the lowest
 priority (nice 19): the worker, woken by the answer, often shares this process's CPU and would
 otherwise wait for the exit to finish. The module is found through
 PYTHONPATH, which the caller sets. Stdlib only: this runs in every tool process and must
@@ -130,28 +131,27 @@ def main(argv: list[str] | None = None) -> int:
             encoded = json.dumps(line, allow_nan=False)
         except (TypeError, ValueError) as exc:
             encoded = _failure(exc, tee, f"the tool's result is not JSON-serializable: {exc}")
+    sys.stderr.flush()
+    _end(2)  # nothing more goes to stderr: its end reaches the worker before the answer
     # a newline first: the tool may have written to fd 1 directly, without one
     real_stdout.write("\n" + encoded + "\n")
     real_stdout.flush()
-    _end_output()
+    _end(1)
+    with contextlib.suppress(OSError):  # what is left is the exit: 1-3 ms of tearing memory down
+        os.nice(19)  # step aside for the worker that reads the answer (module docstring)
     return 0
 
 
-def _end_output() -> None:
-    """The answer is out: end stdout and stderr now, then step aside for the worker that
-    reads it (see the module docstring)."""
-    sys.stderr.flush()
+def _end(fd: int) -> None:
+    """End output `fd` for its reader: point it at /dev/null, or close it if there is none
+    here (later writes then fail, and nobody reads them)."""
     try:
         sink = os.open(os.devnull, os.O_WRONLY)
-    except OSError:  # no /dev/null here: close them (later writes fail, and nobody reads them)
-        for fd in (1, 2):
-            os.close(fd)
-    else:
-        for fd in (1, 2):
-            os.dup2(sink, fd)
-        os.close(sink)
-    with contextlib.suppress(OSError):  # what is left is the exit: 1-3 ms of tearing memory down
-        os.nice(19)
+    except OSError:
+        os.close(fd)
+        return
+    os.dup2(sink, fd)
+    os.close(sink)
 
 
 def _failure(exc: BaseException, tee: _Tee, message: str | None = None) -> str:

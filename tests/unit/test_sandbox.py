@@ -266,6 +266,46 @@ def test_runner_steps_aside_for_the_worker_once_its_answer_is_out(tmp_path: Path
     assert (tmp_path / "nicetool:go.exit").read_text() == str(min(before + 19, 19))
 
 
+def test_the_answer_comes_after_the_end_of_stderr_and_with_the_end_of_stdout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stderr ends before the answer line is written and stdout right after it, so the worker
+    that reads the answer finds both ends with it (one wake, not two more)."""
+    (tmp_path / "quiettool.py").write_text(
+        "import sys\ndef go():\n    print('to stderr', file=sys.stderr)\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    steps: list[str] = []
+
+    class Out(io.StringIO):
+        def write(self, text: str) -> int:
+            steps.append("answer" if runner.parse_last_line(text.encode()) else "print")
+            return super().write(text)
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("{}"))
+    monkeypatch.setattr(sys, "stdout", Out())
+    monkeypatch.setattr(runner, "_end", lambda fd: steps.append(f"end {fd}"))
+    monkeypatch.setattr(runner.os, "nice", lambda increment: steps.append("nice") or 19)
+    assert runner.main(["quiettool:go"]) == 0
+    assert steps == ["end 2", "answer", "end 1", "nice"]
+
+
+def test_a_read_takes_what_is_there_and_the_end_with_it() -> None:
+    """The capture loop reads a stream until it would block, so output that ended right after
+    its last write is done in one wake."""
+    import selectors
+
+    read, write = os.pipe()
+    os.write(write, b"answer\n")
+    os.close(write)
+    os.set_blocking(read, False)
+    sel = selectors.DefaultSelector()
+    key = sel.register(read, selectors.EVENT_READ, "out")
+    capture = process._Capture(None, None, time.monotonic() + 5, 1024)  # type: ignore[arg-type]
+    capture._handle(sel, key)
+    assert bytes(capture.out) == b"answer\n"
+    assert sel.get_map() == {}  # the end was read in the same call
+    os.close(read)
+
+
 @pytest.fixture
 def in_process(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
@@ -279,6 +319,10 @@ def in_process(
         "VALUE = 3\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
+    # a tool process ends its output and lowers its priority once it answered; this one is
+    # pytest's, which goes on (it ran the rest of the suite at nice 19)
+    monkeypatch.setattr(runner, "_end", lambda fd: None)
+    monkeypatch.setattr(runner.os, "nice", lambda increment: os.getpriority(os.PRIO_PROCESS, 0))
 
     def call(entrypoint: str, params: object) -> tuple[str, dict]:
         monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps(params)))
