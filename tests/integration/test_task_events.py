@@ -152,7 +152,8 @@ def test_a_jobs_tasks_are_seen_as_flower_sees_them(api: harness.Process,
                                                    workers: dict[str, harness.Process],
                                                    cortex_env: dict[str, str]) -> None:
     """A document job through the real API and workers: each action's task is sent,
-    received, started and succeeded, in that order of time."""
+    received, started and succeeded, the worker's three in that order of time. (`task-sent`
+    is made once the task is in the queue, so a quick worker may receive it first.)"""
     app = create_app(Settings(redis_url=cortex_env["CORTEX_REDIS_URL"]))
     with Captured(app) as captured:
         doc = ('<action type="tool" mode="async" id="e1">{"name": "echo", '
@@ -168,7 +169,7 @@ def test_a_jobs_tasks_are_seen_as_flower_sees_them(api: harness.Process,
             kinds = {e["type"]: e["timestamp"] for e in list(captured.events)
                      if e.get("uuid") == task_id}
             time.sleep(0.05)
-    order = ["task-sent", "task-received", "task-started", "task-succeeded"]
-    assert set(order) <= set(kinds), (task_id, kinds, captured.events[-10:])
-    times = [kinds[k] for k in order]
+    assert {"task-sent", "task-received", "task-started", "task-succeeded"} <= set(kinds), \
+        (task_id, kinds, captured.events[-10:])
+    times = [kinds[k] for k in ("task-received", "task-started", "task-succeeded")]
     assert times == sorted(times), kinds
