@@ -128,8 +128,6 @@ def submit_agent(store: Store, agent: str, text: str, *, options: JobOptions | N
     `session`, as that session's next message (SessionBusy if it cannot take one now)."""
     spec = get_registry().agent(agent)
     fields: dict[str, Any] = {"agent": spec.name, "input": text}
-    if session:
-        fields["session"] = session.session_id
     periodic = {f.id: f for f in spec.context_feeds if f.type == "periodic" and f.enabled}
     return _create(store, "agent", fields, {"agent": spec.name}, options=options,
                    parent=parent, depth=depth, tenant=tenant, history=history,
@@ -160,6 +158,8 @@ def _create(store: Store, kind: JobKindName, fields: dict[str, Any], queued: dic
     record: dict[str, Any] = {
         "kind": kind, "tenant": tenant or DEFAULT_TENANT, "options": options, "depth": depth,
         "limit": options.max_parallel or settings.max_parallel_actions, **fields}
+    if session:
+        record["session"] = session.session_id
     if parent:
         record.update(parent_job=parent[0], parent_action=parent[1])
     links = {"parent_job": parent[0], "parent_action": parent[1], "depth": depth} if parent else {}

@@ -81,6 +81,17 @@ def harness_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("harness")
 
 
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    """A private redis-server of its own for one test (one it may stop, pause or flush)."""
+    server = harness.RedisServer(log_dir=tmp_path, data_dir=tmp_path / "redis")
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.close()
+
+
 @pytest.fixture(scope="session")
 def redis_server(harness_dir: Path) -> Iterator[harness.RedisServer]:
     """A fresh private redis-server (memory only) for the whole session."""

@@ -5,8 +5,6 @@ and what sending a task asks of Redis."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import celery._state
 import pytest
@@ -17,21 +15,10 @@ from cortex_worker import broker
 from cortex_worker.app import create_app
 from cortex_worker.dispatch import ACTION_TASK, INVOKE_TASK, TURN_TASK, CeleryBroker
 from cortex_worker.settings import Settings
-from tests import harness
 
 pytestmark = pytest.mark.integration
 
 QUEUE = Queue("tool", Exchange("tool", type="direct"), routing_key="tool")
-
-
-@pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[str]:
-    server = harness.RedisServer(log_dir=tmp_path, data_dir=tmp_path / "redis")
-    server.start()
-    try:
-        yield server.url
-    finally:
-        server.close()
 
 
 def test_a_channel_closing_after_its_connection_keeps_the_task(redis_url: str) -> None:

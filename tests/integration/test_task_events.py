@@ -7,8 +7,6 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,16 +56,6 @@ class Captured:
                 return found
             time.sleep(0.02)
         raise AssertionError(f"{count} event(s) {of or ''} expected, got {self.events}")
-
-
-@pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[str]:
-    server = harness.RedisServer(log_dir=tmp_path, data_dir=tmp_path / "redis")
-    server.start()
-    try:
-        yield server.url
-    finally:
-        server.close()
 
 
 @pytest.fixture
