@@ -31,11 +31,9 @@ sent against them.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from typing import Any
 
 from tests.fake_llm import FakeLLM, _Dropped, _Handler, _tokens
@@ -89,23 +87,11 @@ class FakeAnthropic(FakeLLM):
     """The server; a context manager. `url` is the base URL, ending in `/v1` (Cortex's
     `base_url`); `root_url` is without it (the SDK's `base_url`)."""
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        super().__init__(host)
+    _name = "fake-anthropic"
+
+    def __init__(self, host: str = "127.0.0.1", *, keep_alive: bool = True) -> None:
+        super().__init__(host, keep_alive=keep_alive)
         self._events: dict[str, list[list[dict[str, Any]]]] = {}
-
-    def start(self) -> FakeAnthropic:
-        """Bind a free port and serve in a daemon thread."""
-        handler = type("Handler", (_MessagesHandler,), {"fake": self})
-        server = ThreadingHTTPServer((self._host, 0), handler)
-        server.daemon_threads = True
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="fake-anthropic",
-                                        kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
-        return self
-
-    def __enter__(self) -> FakeAnthropic:
-        return self.start()
 
     @property
     def root_url(self) -> str:
@@ -164,11 +150,11 @@ class _MessagesHandler(_Handler):
         self._error(404, f"FakeAnthropic serves POST /v1/messages, not GET {self.path}")
 
     def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)  # all of it, so the connection can carry the next request
         if self.path.rstrip("/") != "/v1/messages":
             self._error(404, f"FakeAnthropic serves POST /v1/messages, not {self.path}")
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length)
         try:
             body = json.loads(raw)
             model = str(body["model"])
@@ -263,12 +249,8 @@ class _MessagesHandler(_Handler):
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
-        self.send_header("Connection", "close")
         self.send_header("request-id", f"req_{uuid.uuid4().hex[:12]}")
-        for name, value in turn.headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.close_connection = True
+        self._end_headers(turn.headers)
 
         def sse(payload: dict[str, Any]) -> None:
             self._sse(model, index, payload)
@@ -343,3 +325,6 @@ class _MessagesHandler(_Handler):
              "usage": {"output_tokens": completion}})
         sse({"type": "message_stop"})
         self._chunk(b"")  # the terminating zero-length chunk
+
+
+FakeAnthropic._handler = _MessagesHandler

@@ -11,12 +11,15 @@
 
 Each request for a model pops that model's next `Turn`; a request with none left gets a 400
 naming the model. Streaming requests (`"stream": true`) get `chat.completion.chunk` server-sent
-events written one chunk at a time (HTTP/1.1 chunked encoding, `Connection: close`), paced at
+events written one chunk at a time (HTTP/1.1 chunked encoding), paced at
 `tokens_per_second` with one chunk = one token of `chunk_chars` characters; tool calls are sent
 as OpenAI-style fragments (id and name first, then the arguments in pieces). Non-streaming
-requests get a plain `chat.completion`. The server runs in a background thread
-(`http.server.ThreadingHTTPServer`, no extra dependencies); workers reach it over HTTP, so
-it serves other processes too. Times are `time.monotonic()`, comparable within this machine.
+requests get a plain `chat.completion`. Connections are kept alive between requests, as
+real providers keep them (`keep_alive=False` closes each after its answer); closing the
+server closes them too, so a client's pooled connection never reaches a stopped server. The
+server runs in a background thread (`http.server.ThreadingHTTPServer`, no extra
+dependencies); workers reach it over HTTP, so it serves other processes too. Times are
+`time.monotonic()`, comparable within this machine.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["FakeLLM", "Turn"]
 
@@ -65,11 +68,46 @@ class _Dropped(Exception):
     """The scripted connection drop."""
 
 
+class _Server(ThreadingHTTPServer):
+    """Serves each connection in a thread and knows the open ones, to close them at the end."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+        self.accepted = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+            self.accepted += 1
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """End every open connection: a handler waiting for its next request sees the end."""
+        with self._open_lock:
+            connections = list(self._open)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
+
 class FakeLLM:
     """The server; a context manager. `url` is the base URL, ending in `/v1`."""
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    _handler: type[BaseHTTPRequestHandler]  # set below the handler's class
+    _name = "fake-llm"
+
+    def __init__(self, host: str = "127.0.0.1", *, keep_alive: bool = True) -> None:
         self._host = host
+        self.keep_alive = keep_alive
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._turns: dict[str, list[Turn]] = {}
@@ -78,33 +116,34 @@ class FakeLLM:
         self._logs: dict[str, list[list[tuple[float, int]]]] = {}
         self._ticks: dict[str, list[list[float]]] = {}
         self._outcomes: dict[str, list[str]] = {}
-        self._server: ThreadingHTTPServer | None = None
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
-    def start(self) -> FakeLLM:
+    def start(self) -> Self:
         """Bind a free port and serve in a daemon thread."""
-        handler = type("Handler", (_Handler,), {"fake": self})
-        server = ThreadingHTTPServer((self._host, 0), handler)
-        server.daemon_threads = True
+        handler = type("Handler", (self._handler,), {"fake": self})
+        server = _Server((self._host, 0), handler)
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="fake-llm",
+        self._thread = threading.Thread(target=server.serve_forever, name=self._name,
                                         kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
         return self
 
     def close(self) -> None:
-        """Stop serving; handlers still streaming stop at their next chunk."""
+        """Stop serving and end every connection; handlers still streaming stop at their
+        next chunk."""
         self._closing.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+            self._server.close_connections()
             self._server = None
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def __enter__(self) -> FakeLLM:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -116,6 +155,11 @@ class FakeLLM:
             raise RuntimeError("FakeLLM is not started; use it as a context manager")
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}/v1"
+
+    @property
+    def connections(self) -> int:
+        """How many connections the server has accepted so far."""
+        return self._server.accepted if self._server is not None else 0
 
     # -- scripting and inspection -------------------------------------------------------------
     def script(self, model: str, turns: list[Turn]) -> None:
@@ -202,17 +246,22 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     # -- plumbing ---------------------------------------------------------------------------
+    def _end_headers(self, headers: dict[str, str]) -> None:
+        """Send `headers` and end the head; without keep-alive, say the connection closes."""
+        if not self.fake.keep_alive:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+
     def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        self.send_header("Connection", "close")
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
+        self._end_headers(headers or {})
         self.wfile.write(data)
-        self.close_connection = True
 
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         self._send_json(status, {"error": {"message": message, "type": "fake_llm_error",
@@ -242,11 +291,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, f"FakeLLM serves POST /v1/chat/completions, not GET {self.path}")
 
     def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)  # all of it, so the connection can carry the next request
         if not self.path.rstrip("/").endswith("/chat/completions"):
             self._error(404, f"FakeLLM serves POST /v1/chat/completions, not {self.path}")
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length)
         try:
             body = json.loads(raw)
             model = str(body["model"])
@@ -316,11 +365,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
-        self.send_header("Connection", "close")
-        for name, value in turn.headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.close_connection = True
+        self._end_headers(turn.headers)
         base = {"id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": model}
 
@@ -371,3 +416,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._event({**base, "choices": [], "usage": self._usage(body, turn)})
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")  # the terminating zero-length chunk
+
+
+FakeLLM._handler = _Handler

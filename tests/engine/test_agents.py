@@ -67,6 +67,24 @@ def test_an_agent_runs_an_action_then_answers(store: Store, broker: StubBroker,
     assert llm.remaining(model) == 0
 
 
+def test_a_jobs_turns_reach_the_model_over_one_connection(
+        store: Store, broker: StubBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each turn's stream is read to its end, so the next turn's request reuses the kept-alive
+    connection instead of opening one (against a real provider, also a TLS handshake)."""
+    model = f"engine-{uuid.uuid4().hex[:8]}"
+    with FakeLLM() as server:
+        monkeypatch.setenv("CORTEX_TEST_LLM_URL", server.url)
+        server.script(model, [
+            turn(act("a", "calculator", {"expression": "1 + 2"})),
+            turn(act("b", "calculator", {"expression": "$a * 2"})),
+            turn(final("It is $b."))])
+        job_id = jobs.submit_agent(store, "tester", "Go.", options=JobOptions(model=model))
+        broker.join()
+        assert status(store, job_id) == "completed"
+        assert len(server.requests(model)) == 3
+        assert server.connections == 1
+
+
 def test_a_turn_reaches_the_model_in_one_or_two_redis_round_trips(
         store: Store, broker: StubBroker, llm: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> None:
     """Between a turn task's start and its model request lie only Redis round trips, on every

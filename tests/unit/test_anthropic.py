@@ -268,6 +268,25 @@ def test_anthropic_config_defaults() -> None:
 
 
 # -- streaming -----------------------------------------------------------------------------------
+def test_a_models_requests_share_one_kept_alive_connection(model: str) -> None:
+    """Turns, retries and errors reach the Messages API over one connection."""
+    with FakeAnthropic() as server:
+        server.script(model, [
+            Turn(text="one"),
+            Turn(fail_status=529), Turn(text="two"),
+            Turn(tool_calls=[{"id": "toolu_1", "name": "lookup", "arguments": {"k": 1}}]),
+            Turn(fail_status=400, error_message="no"),
+            Turn(text="three")])
+        cfg = config(server, model, max_retries=1)
+        assert text_of(list(stream_messages(cfg, MESSAGES))) == "one"
+        assert text_of(list(stream_messages(cfg, MESSAGES))) == "two"
+        assert any(isinstance(piece, ToolCall) for piece in stream_messages(cfg, MESSAGES))
+        assert failure(stream_messages(cfg, MESSAGES)).status == 400
+        assert text_of(list(stream_messages(cfg, MESSAGES))) == "three"
+        assert len(server.requests(model)) == 6
+        assert server.connections == 1
+
+
 def test_text_deltas_arrive_as_streamed_and_thinking_is_not_text(
         api: FakeAnthropic, model: str) -> None:
     text = '<thought>Hi — "quoted" & <b>raw</b>\n</thought><response>Hello!</response>'

@@ -151,6 +151,46 @@ def test_usage_is_reported_last_and_only_when_sent(llm: FakeLLM, model: str) -> 
                    for piece in gateway.stream_chat(config(llm, model), MESSAGES))
 
 
+def test_a_models_requests_share_one_kept_alive_connection(model: str) -> None:
+    """A job's turns, retries and errors reach the server over one connection: no request
+    after the first pays for a new one (a TCP and, with a real provider, a TLS handshake)."""
+    with FakeLLM() as server:
+        server.script(model, [
+            Turn(text="one"),
+            Turn(fail_status=500), Turn(text="two"),
+            Turn(text="", tool_calls=[{"id": "c1", "name": "lookup", "arguments": {"k": 1}}]),
+            Turn(fail_status=400, error_message="no"),
+            Turn(text="three")])
+        cfg = config(server, model, max_retries=1)
+        assert text_of(list(gateway.stream_chat(cfg, MESSAGES))) == "one"
+        assert text_of(list(gateway.stream_chat(cfg, MESSAGES))) == "two"
+        assert any(isinstance(piece, ToolCall) for piece in gateway.stream_chat(cfg, MESSAGES))
+        assert failure(gateway.stream_chat(cfg, MESSAGES)).status == 400
+        assert text_of(list(gateway.stream_chat(cfg, MESSAGES))) == "three"
+        assert len(server.requests(model)) == 6
+        assert server.connections == 1
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced(model: str) -> None:
+    """Closing the fake ends its kept-alive connections: a client's pooled one is dropped and
+    the next request, to another server, opens its own."""
+    with FakeLLM() as first:
+        first.script(model, [Turn(text="a")])
+        assert text_of(list(gateway.stream_chat(config(first, model), MESSAGES))) == "a"
+    with FakeLLM() as second:
+        second.script(model, [Turn(text="b")])
+        assert text_of(list(gateway.stream_chat(config(second, model), MESSAGES))) == "b"
+        assert second.connections == 1
+
+
+def test_without_keep_alive_each_request_opens_a_connection(model: str) -> None:
+    with FakeLLM(keep_alive=False) as server:
+        server.script(model, [Turn(text="a"), Turn(text="b")])
+        for text in ("a", "b"):
+            assert text_of(list(gateway.stream_chat(config(server, model), MESSAGES))) == text
+        assert server.connections == 2
+
+
 # -- retries and errors ----------------------------------------------------------------------
 def test_a_500_is_retried_and_then_succeeds(llm: FakeLLM, model: str) -> None:
     llm.script(model, [Turn(fail_status=500), Turn(text="second time lucky")])
