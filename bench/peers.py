@@ -10,8 +10,10 @@ tool --concurrency 4xJOBS`, `cortex worker --pool agent --concurrency 200` (thre
 pool's default), `cortex api`, and the tests' fake OpenAI-compatible model server
 (`tests/fake_llm.py`) in this process. The model answers each request after `--ttft` seconds
 (time to first token), then streams `--tps` tokens a second; a token is one chunk of 4
-characters, or the first fragment (id and name) of a native tool call. Everything is stopped
-at the end, also on errors and Ctrl-C.
+characters, or the first fragment (id and name) of a native tool call. It keeps connections
+alive between requests, as real providers do, and each peer keeps its own open between jobs:
+a Cortex worker's process-wide client, and one `httpx.Client` for every LangGraph run.
+Everything is stopped at the end, also on errors and Ctrl-C.
 
 Both peers call the same Python function, `lookup` below (it sleeps `seconds`, then returns
 a value and when it ran). For Cortex it is a `@tool` of this module (a `kind: ToolModule`
@@ -52,6 +54,7 @@ A measurement, not a test: it exits 0 once the measurement has completed.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -247,14 +250,22 @@ def run_cortex(stack: Stack, client: httpx.Client, agent: str, script: list[Turn
                {a: (r["started_at"], r["finished_at"]) for a, r in records.items()})
 
 
-def run_langgraph(llm_url: str, script: list[Turn], model: str, llm: FakeLLM) -> Job:
+@functools.cache
+def _langgraph_http() -> httpx.Client:
+    """One HTTP client for every LangGraph run, as a service keeps one: its connections to
+    the model stay open between jobs, as a Cortex worker's do."""
     import httpx
+
+    return httpx.Client(trust_env=False)
+
+
+def run_langgraph(llm_url: str, script: list[Turn], model: str, llm: FakeLLM) -> Job:
     from langchain_openai import ChatOpenAI
     from langgraph.prebuilt import create_react_agent
 
     llm.script(model, script)
     chat = ChatOpenAI(model=model, base_url=llm_url, api_key="unused", streaming=True,
-                      max_retries=0, http_client=httpx.Client(trust_env=False))
+                      max_retries=0, http_client=_langgraph_http())
     agent = create_react_agent(chat, [lookup.fn])
     submitted = time.time()
     state = agent.invoke({"messages": [("user", TASK)]})

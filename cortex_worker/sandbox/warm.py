@@ -5,7 +5,9 @@ calls the function: 80-180 ms before the tool does anything. `run_warm` takes th
 command (`python -P -s -m cortex_worker.sandbox.runner module:function`) and the same
 arguments as `run_sandboxed`, and returns the same result, but the process comes from a
 *zygote* (cortex_worker/sandbox/zygote.py): an interpreter started once per tool module and
-environment in this worker process, with the module imported, that forks one child per call.
+environment in this worker process, with the module imported, that forks one child per call:
+ahead of time, as a *spare* it offers to this process, which hands the next call to that
+spare itself, so a warm call's start does not wait for the zygote (zygote.py, its protocol).
 The child goes through the same set-up as a cold one (`isolation.plan`: namespaces, mounts,
 sandbox user; then the rlimits, a clean environment, only its own pipes open) and is watched
 by the same `process.supervise` (timeout, kill of its whole group, `kill_all` on shutdown,
@@ -23,6 +25,8 @@ importing when the call's timeout runs out also hands that one call to the cold 
 
 from __future__ import annotations
 
+import array
+import contextlib
 import json
 import logging
 import os
@@ -100,6 +104,14 @@ class _Call:
         self.sock.close()  # the zygote kills the group if need be, and reaps it
 
 
+def _kill_taken(pid: int | None) -> None:
+    """The spare that took a call whose zygote is gone may have begun it: it must not run
+    beside the call's retry."""
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+
+
 class _Zygote:
     """One fork server: its process, its control socket, how many calls it forked."""
 
@@ -124,6 +136,7 @@ class _Zygote:
         self.lock = threading.Lock()
         self.unusable: str | None = None
         self.ready = False
+        self.spare: tuple[int, socket.socket, Isolation | None] | None = None  # offered
 
     def wait_ready(self, timeout: float) -> bool:
         """Whether it serves calls, once its module is imported; else `unusable` says why
@@ -142,16 +155,25 @@ class _Zygote:
                 self.ready = self.unusable is None
             return self.ready
 
-    def spawn(self, request: bytes, stdin: bytes | None, timeout: float) -> _Call:
-        """Fork one call with fresh pipes; raises _Gone if the zygote is not there."""
+    def spawn(self, request: bytes, stdin: bytes | None, timeout: float,
+              isolation: Isolation | None) -> _Call:
+        """Fork one call with fresh pipes: straight to the spare the zygote offered if it fits
+        `isolation`, else through the zygote. Raises _Gone if the zygote is not there."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         in_r, in_w = os.pipe() if stdin is not None else (os.open(os.devnull, os.O_RDONLY), -1)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        taken = None
         try:
             reply = b""
             if self.proc.poll() is None:
-                socket.send_fds(self.sock, [request], [in_r, out_w, err_w, theirs.fileno()])
+                with self.lock:  # one order for what reaches the zygote: offers are not reused
+                    taken = self._give_spare(request, [in_r, out_w, err_w], isolation)
+                    if taken is not None:
+                        message, fds = json.dumps({"taken": taken}).encode(), [theirs.fileno()]
+                    else:
+                        message, fds = request, [in_r, out_w, err_w, theirs.fileno()]
+                    socket.send_fds(self.sock, [message], fds)
                 reply = self._reply(ours, timeout)
         except OSError:
             reply = b""
@@ -164,13 +186,70 @@ class _Zygote:
                 if fd >= 0:
                     os.close(fd)
             ours.close()
+            _kill_taken(taken)
             raise _Gone
         self.calls += 1
         answer = json.loads(reply)
         if "error" in answer:
+            for fd in (in_w, out_r, err_r):
+                if fd >= 0:
+                    os.close(fd)
+            ours.close()
+            if answer.get("stale"):  # a spare dropped as it took the call: start afresh
+                _kill_taken(taken)
+                raise _Gone
             raise SandboxError(answer["error"])
         return _Call(answer["pid"], ours, open(in_w, "wb", buffering=0) if in_w >= 0 else None,
                      open(out_r, "rb", buffering=0), open(err_r, "rb", buffering=0))
+
+    def _give_spare(self, request: bytes, fds: list[int], isolation: Isolation | None) -> int | None:
+        """Send the call to the spare last offered, if it fits `isolation` and lives: its
+        pid, else None (the call then goes through the zygote). Either way the offer is used
+        up: a spare the zygote hands a call to, or drops, is offered no more."""
+        self._read_offers()
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return None
+        pid, sock, offered = spare
+        try:
+            if not zygote.fits(offered, isolation):
+                return None
+            socket.send_fds(sock, [request], fds)
+        except OSError:  # it died while it waited: the zygote forks one for the call
+            return None
+        finally:
+            sock.close()
+        return pid
+
+    def _read_offers(self) -> None:
+        """Take the zygote's offers of spares waiting on the control socket: the last one
+        counts."""
+        while True:
+            try:  # not socket.recv_fds: before Python 3.13 it drops its `flags`
+                data, ancillary, _, _ = self.sock.recvmsg(
+                    64 * 1024, socket.CMSG_LEN(array.array("i").itemsize), socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # the zygote is gone: the call finds out
+                return
+            fds = array.array("i")
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                return
+            if self.spare is not None:
+                self.spare[1].close()
+                self.spare = None
+            if len(fds) == 1:
+                offer = json.loads(data)
+                self.spare = (int(offer["spare"]), socket.socket(fileno=fds[0]),
+                              zygote.decode_isolation(offer["isolation"]))
+            else:
+                for fd in fds:
+                    os.close(fd)
 
     def _reply(self, call: socket.socket, timeout: float) -> bytes:
         """The zygote's answer on the call's socket; b"" if the zygote exits first. A request
@@ -186,6 +265,10 @@ class _Zygote:
 
     def retire(self) -> None:
         """Stop sending it calls: it exits once those running have ended."""
+        with self.lock:
+            if self.spare is not None:
+                self.spare[1].close()
+                self.spare = None
         self.sock.close()
 
 
@@ -223,7 +306,7 @@ def run_warm(
         if server is None:
             break
         try:
-            call = server.spawn(request, stdin, timeout)
+            call = server.spawn(request, stdin, timeout, isolation)
         except _Gone:
             _retire(key, server)
             continue

@@ -12,17 +12,25 @@ only the call's stdin/stdout/stderr open, the workspace as working directory; th
 `runner.main`. To keep that set-up off the call's path, the
 zygote forks the child for the *next* call as soon as it hands one out: this *spare* creates
 its namespaces and mounts (all but the workspace, see `isolation.plan(workspace=...)`) and
-waits. A call whose isolation differs from the spare's in more than the workspace (another
-directory of the same parent) gets a child forked for it, and the spare is dropped.
+waits. The zygote offers it to the worker, which sends the next call straight to it when it
+fits, so the zygote is not on the call's path at all (it only learns that the spare was
+taken). A call whose isolation differs from the spare's in more than the workspace (another
+directory of the same parent) goes through the zygote, which forks a child for it and drops
+the spare.
 
 Protocol, over SOCK_SEQPACKET sockets, one JSON object a message:
 
 - control socket FD, worker to zygote: a request (`encode`), with four descriptors: the call's
-  stdin, stdout and stderr, and a socket of its own for the call;
+  stdin, stdout and stderr, and a socket of its own for the call; or `{"taken": P}` with the
+  call's socket only: the worker sent a request, with the three others, straight to the
+  spare P it was offered;
 - zygote to worker, once, after the import: `{"threads": N}` (more than 1: it cannot fork
-  safely and exits);
-- call socket, zygote to worker: `{"pid": P}` once the call has a process, `{"returncode": R}`
-  once that exited. The zygote reaps it only when the worker closes the call socket, after
+  safely and exits); then `{"spare": P, "isolation": ...}` with a socket to the spare P, each
+  time one is ready for the next call (it replaces the one offered before);
+- spare socket, worker (or zygote) to spare: the request and the call's stdin, stdout and
+  stderr;
+- call socket, zygote to worker: `{"pid": P}` once the call has a process (or the zygote took
+  note that it has one), `{"returncode": R}` once that exited. The zygote reaps it only when the worker closes the call socket, after
   killing its process group: until then the group id cannot be reused. A call socket closed
   before the process exited (the worker has the call's answer, or it died) has the zygote
   kill the process group and reap it once it exited.
@@ -74,27 +82,33 @@ class Request:
 
 def encode(request: Request) -> bytes:
     """The request as the zygote reads it."""
-    iso = request.isolation
-    fields = None if iso is None else {
-        **asdict(iso), "writable": str(iso.writable),
-        "hide": None if iso.hide is None else str(iso.hide),
-        "readable": [str(p) for p in iso.readable]}
     return json.dumps({"entrypoint": request.entrypoint, "cwd": str(request.cwd),
                        "env": dict(request.env), "rlimits": request.rlimits,
-                       "isolation": fields}).encode()
+                       "isolation": encode_isolation(request.isolation)}).encode()
 
 
 def decode(data: bytes) -> Request:
     """The request `encode` made."""
     raw = json.loads(data)
-    iso = raw["isolation"]
-    isolation = None if iso is None else Isolation(
+    return Request(entrypoint=raw["entrypoint"], cwd=Path(raw["cwd"]), env=raw["env"],
+                   rlimits=[(which, (soft, hard)) for which, (soft, hard) in raw["rlimits"]],
+                   isolation=decode_isolation(raw["isolation"]))
+
+
+def encode_isolation(iso: Isolation | None) -> dict[str, Any] | None:
+    """An isolation as JSON."""
+    return None if iso is None else {
+        **asdict(iso), "writable": str(iso.writable),
+        "hide": None if iso.hide is None else str(iso.hide),
+        "readable": [str(p) for p in iso.readable]}
+
+
+def decode_isolation(iso: dict[str, Any] | None) -> Isolation | None:
+    """The isolation `encode_isolation` made."""
+    return None if iso is None else Isolation(
         writable=Path(iso["writable"]), hide=None if iso["hide"] is None else Path(iso["hide"]),
         readable=tuple(Path(p) for p in iso["readable"]), network=iso["network"],
         user=None if iso["user"] is None else (iso["user"][0], iso["user"][1]))
-    return Request(entrypoint=raw["entrypoint"], cwd=Path(raw["cwd"]), env=raw["env"],
-                   rlimits=[(which, (soft, hard)) for which, (soft, hard) in raw["rlimits"]],
-                   isolation=isolation)
 
 
 def fits(spare: Isolation | None, call: Isolation | None) -> bool:
@@ -137,6 +151,7 @@ class _Server:
     """The zygote's loop: hand calls to spares, report their exits, reap them when done."""
 
     def __init__(self, control: socket.socket) -> None:
+        self.control = control
         self.sel = selectors.DefaultSelector()
         self.sel.register(control, selectors.EVENT_READ, ("request", 0))
         self.open = True
@@ -165,7 +180,7 @@ class _Server:
             data, fds, _, _ = socket.recv_fds(control, MAX_MESSAGE, 4)
         except OSError:
             data, fds = b"", []
-        if not data or len(fds) != 4:
+        if not data or len(fds) not in (1, 4):
             for fd in fds:
                 os.close(fd)
             if not data:
@@ -173,11 +188,15 @@ class _Server:
                 control.close()
                 self.open = False
             return
-        call = socket.socket(fileno=fds[3])
+        call = socket.socket(fileno=fds[-1])
+        if len(fds) == 1:  # {"taken": P}: the worker sent the call to the spare it was offered
+            self._taken(int(json.loads(data)["taken"]), call)
+            return
         isolation = decode(data).isolation
+        self._keep_spare_for(isolation)
         try:
-            spare = self._spare_for(isolation, stderr=fds[2])
-            socket.send_fds(spare.sock, [data], fds[:3])
+            child = self._fork(isolation, stderr=fds[2])  # its set-up errors are the call's
+            socket.send_fds(child.sock, [data], fds[:3])
         except OSError as exc:
             _send(call, {"error": f"cannot start the tool process: {exc}"})
             call.close()
@@ -185,24 +204,44 @@ class _Server:
         finally:
             for fd in fds[:3]:
                 os.close(fd)
-        spare.sock.close()
-        self.calls[spare.pid] = (call, os.pidfd_open(spare.pid))
-        self.sel.register(self.calls[spare.pid][1], selectors.EVENT_READ, ("exit", spare.pid))
-        self.sel.register(call, selectors.EVENT_READ, ("done", spare.pid))
-        _send(call, {"pid": spare.pid})
-        with contextlib.suppress(OSError):  # without one, the next call forks its own
-            self.spare = self._fork(isolation, stderr=None)
+        self._started(child, call)
 
-    def _spare_for(self, isolation: Isolation | None, stderr: int) -> _Spare:
-        """The waiting spare if it can serve this call, else a child forked for it (whose
-        set-up errors then go to the call's stderr)."""
+    def _taken(self, pid: int, call: socket.socket) -> None:
         spare, self.spare = self.spare, None
+        if spare is None or spare.pid != pid:  # dropped before the worker read its offer
+            self.spare = spare
+            _send(call, {"error": f"the tool process {pid} was not waiting for a call",
+                         "stale": True})
+            call.close()
+            return
+        self._started(spare, call)
+
+    def _started(self, child: _Spare, call: socket.socket) -> None:
+        """A child has its call: watch it for the worker; fork and offer the next spare."""
+        child.sock.close()
+        self.calls[child.pid] = (call, os.pidfd_open(child.pid))
+        self.sel.register(self.calls[child.pid][1], selectors.EVENT_READ, ("exit", child.pid))
+        self.sel.register(call, selectors.EVENT_READ, ("done", child.pid))
+        _send(call, {"pid": child.pid})
+        if self.spare is not None:
+            return
+        with contextlib.suppress(OSError):  # without one, the next call forks its own
+            self.spare = self._fork(child.isolation, stderr=None)
+            socket.send_fds(self.control, [json.dumps({
+                "spare": self.spare.pid,
+                "isolation": encode_isolation(self.spare.isolation)}).encode()],
+                [self.spare.sock.fileno()])
+
+    def _keep_spare_for(self, isolation: Isolation | None) -> None:
+        """A call came through here: the spare, offered to the worker, is not handed out
+        (the worker may be sending it a call). It is dropped if it died or does not fit this
+        call's isolation (later calls likely share it), and kept otherwise."""
+        spare = self.spare
         if spare is not None:
             alive = os.waitpid(spare.pid, os.WNOHANG) == (0, 0)  # a failed set-up ended it
-            if alive and fits(spare.isolation, isolation):
-                return spare
-            _drop(spare, reaped=not alive)
-        return self._fork(isolation, stderr)
+            if not (alive and fits(spare.isolation, isolation)):
+                self.spare = None
+                _drop(spare, reaped=not alive)
 
     def _fork(self, isolation: Isolation | None, stderr: int | None) -> _Spare:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

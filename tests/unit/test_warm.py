@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -156,6 +157,113 @@ def test_rlimits_apply_and_a_breach_retires_the_zygote(root: Path) -> None:
     assert spun.killed_by == "cpu_limit" and not spun.timed_out
     after = call("whoami", cwd=root / "job-a", isolation=iso(root))["imported_in"]
     assert after != before and gone(before)
+
+
+# ---------------------------------------------------------------- the spare takes the call
+
+
+def offered(env: dict[str, str]) -> int:
+    """The spare the zygote of `env` offers now (waits for its offer)."""
+    server = warm._zygotes[warm_key("whoami", env)]
+    deadline = time.monotonic() + 5
+    while True:
+        with server.lock:
+            server._read_offers()
+            if server.spare is not None:
+                return server.spare[0]
+        assert time.monotonic() < deadline, "no spare was offered"
+        time.sleep(0.01)
+
+
+def test_a_call_goes_straight_to_the_spare_it_was_offered(root: Path) -> None:
+    """The zygote offers each spare to the worker, which sends it the next call itself (the
+    zygote is off the call's path); a call through the zygote never takes an offered spare."""
+    env = {"WARM_TOOLS_CASE": "offered"}
+    first = call("whoami", cwd=root / "job-a", isolation=None, env=env)
+    for _ in range(3):
+        spare = offered(env)
+        who = call("whoami", cwd=root / "job-a", isolation=None, env=env)
+        assert who["pid"] == spare and who["imported_in"] == first["imported_in"]
+
+
+def test_a_spare_that_died_while_offered_is_passed_over(root: Path) -> None:
+    env = {"WARM_TOOLS_CASE": "dead-spare"}
+    call("whoami", cwd=root / "job-a", isolation=None, env=env)
+    spare = offered(env)
+    os.killpg(spare, signal.SIGKILL)
+    assert gone(spare)
+    who = call("whoami", cwd=root / "job-a", isolation=None, env=env)
+    assert who["pid"] != spare  # a child the zygote forked for the call
+    spare = offered(env)  # and the spare after it serves the next
+    assert call("whoami", cwd=root / "job-a", isolation=None, env=env)["pid"] == spare
+
+
+@needs_namespaces
+def test_a_call_that_does_not_fit_the_spare_goes_through_the_zygote(root: Path) -> None:
+    """A workspace of another parent: the zygote forks a child for the call and drops the
+    spare, whose offer then fails over to the zygote too (it is dead)."""
+    env = {"WARM_TOOLS_CASE": "misfit"}
+    call("whoami", cwd=root / "job-a", isolation=iso(root), env=env)
+    spare = offered(env)
+    other = Path(tempfile.mkdtemp(prefix="cortex-warm-other-"))
+    try:
+        other.chmod(0o755)
+        (other / "job").mkdir()
+        if NOBODY is not None:
+            os.chown(other / "job", *NOBODY)
+        elsewhere = Isolation(writable=other / "job", hide=other, user=NOBODY,
+                              readable=(*interpreter_paths(), HERE, REPO_ROOT))
+        who = call("whoami", cwd=other / "job", isolation=elsewhere, env=env)
+        assert who["cwd"] == str(other / "job")
+        assert gone(spare)
+        server = warm._zygotes[warm_key("whoami", env)]
+        dead_end, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        peer.close()  # as the dropped spare's end is
+        with server.lock:  # its offer, as if the worker read it only now
+            server.spare = (spare, dead_end, iso(root))
+        again = call("whoami", cwd=root / "job-a", isolation=iso(root), env=env)
+        assert again["cwd"] == str(root / "job-a")
+        assert again["imported_in"] == who["imported_in"]  # through the same zygote
+    finally:
+        shutil.rmtree(other)
+
+
+def test_a_spare_dropped_as_it_took_the_call_is_killed_and_the_call_retried(root: Path) -> None:
+    """If the zygote had dropped the spare by the time it learnt that the worker gave it a
+    call (a race with a call through the zygote), the process the worker gave the call to
+    is killed, and the call runs on a fresh zygote."""
+    env = {"WARM_TOOLS_CASE": "stale"}
+    first = call("whoami", cwd=root / "job-a", isolation=None, env=env)
+    offered(env)
+    server = warm._zygotes[warm_key("whoami", env)]
+    decoy = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        with server.lock:  # an offer of a process the zygote does not know as its spare
+            server.spare[1].close()
+            server.spare = (decoy.pid, ours, None)
+        who = call("whoami", cwd=root / "job-a", isolation=None, env=env)
+        assert who["imported_in"] != first["imported_in"]  # the call ran on a new zygote
+        assert decoy.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        decoy.kill()
+        theirs.close()
+
+
+def test_calls_at_once_on_one_zygote_each_get_their_own_process(root: Path) -> None:
+    env = {"WARM_TOOLS_CASE": "at-once"}
+    call("whoami", cwd=root / "job-a", isolation=None, env=env)
+    barrier = threading.Barrier(6)
+
+    def one(_: int) -> dict[str, Any]:
+        barrier.wait()
+        return call("whoami", cwd=root / "job-a", isolation=None, env=env)
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(6) as pool:
+        seen = list(pool.map(one, range(6)))
+    assert len({who["pid"] for who in seen}) == 6
+    assert len({who["imported_in"] for who in seen}) == 1
 
 
 # ---------------------------------------------------------------- killing
