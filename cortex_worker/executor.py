@@ -95,11 +95,24 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
             again(1.0)  # a canvas step keeps its place in its chain (its task retries)
         store.throttle(job_id, action_id)  # it is sent again when a slot frees
         return "throttled"
+    state = ""
+
+    def held_elsewhere(wait: float) -> NoReturn:
+        nonlocal state
+        state = "busy"
+        assert again is not None
+        again(wait)
+
     try:
-        return _claim_and_run(store, job_id, action_id, spec, trigger, timeout, lease, again)
+        state = _claim_and_run(store, job_id, action_id, spec, trigger, timeout, lease,
+                               held_elsewhere if again is not None else None)
+        return state
     finally:
-        for entry in store.give_slot(spec["name"], holder, limit):
-            dispatch.send(entry["job_id"], [entry["spec"]])
+        # "busy": another delivery of this action runs it, in the slot this one found its
+        # holder had (a redelivered task): that delivery gives it back when it ends
+        if state != "busy":
+            for entry in store.give_slot(spec["name"], holder, limit):
+                dispatch.send(entry["job_id"], [entry["spec"]])
 
 
 def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, Any],
