@@ -25,7 +25,6 @@ importing when the call's timeout runs out also hands that one call to the cold 
 
 from __future__ import annotations
 
-import array
 import contextlib
 import json
 import logging
@@ -136,7 +135,7 @@ class _Zygote:
         self.lock = threading.Lock()
         self.unusable: str | None = None
         self.ready = False
-        self.spare: tuple[int, socket.socket, Isolation | None] | None = None  # offered
+        self.spare: zygote.Spare | None = None  # the last one offered
 
     def wait_ready(self, timeout: float) -> bool:
         """Whether it serves calls, once its module is imported; else `unusable` says why
@@ -210,46 +209,41 @@ class _Zygote:
         spare, self.spare = self.spare, None
         if spare is None:
             return None
-        pid, sock, offered = spare
         try:
-            if not zygote.fits(offered, isolation):
+            if not zygote.fits(spare.isolation, isolation):
                 return None
-            socket.send_fds(sock, [request], fds)
+            socket.send_fds(spare.sock, [request], fds)
         except OSError:  # it died while it waited: the zygote forks one for the call
             return None
         finally:
-            sock.close()
-        return pid
+            spare.sock.close()
+        return spare.pid
 
     def _read_offers(self) -> None:
         """Take the zygote's offers of spares waiting on the control socket: the last one
         counts."""
-        while True:
-            try:  # not socket.recv_fds: before Python 3.13 it drops its `flags`
-                data, ancillary, _, _ = self.sock.recvmsg(
-                    64 * 1024, socket.CMSG_LEN(array.array("i").itemsize), socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                return
+        while select.select([self.sock], [], [], 0)[0]:  # a whole message is there
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, 64 * 1024, 1)
             except OSError:  # the zygote is gone: the call finds out
                 return
-            fds = array.array("i")
-            for level, kind, payload in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
             if not data:
                 for fd in fds:
                     os.close(fd)
                 return
-            if self.spare is not None:
-                self.spare[1].close()
-                self.spare = None
+            self._drop_offer()
             if len(fds) == 1:
                 offer = json.loads(data)
-                self.spare = (int(offer["spare"]), socket.socket(fileno=fds[0]),
-                              zygote.decode_isolation(offer["isolation"]))
+                self.spare = zygote.Spare(int(offer["spare"]), socket.socket(fileno=fds[0]),
+                                          zygote.decode_isolation(offer["isolation"]))
             else:
                 for fd in fds:
                     os.close(fd)
+
+    def _drop_offer(self) -> None:
+        if self.spare is not None:
+            self.spare.sock.close()
+            self.spare = None
 
     def _reply(self, call: socket.socket, timeout: float) -> bytes:
         """The zygote's answer on the call's socket; b"" if the zygote exits first. A request
@@ -266,9 +260,7 @@ class _Zygote:
     def retire(self) -> None:
         """Stop sending it calls: it exits once those running have ended."""
         with self.lock:
-            if self.spare is not None:
-                self.spare[1].close()
-                self.spare = None
+            self._drop_offer()
         self.sock.close()
 
 

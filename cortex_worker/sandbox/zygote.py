@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @dataclass
-class _Spare:
+class Spare:
+    """A child set up for a call that has not come yet, and a socket to hand it one."""
+
     pid: int
     sock: socket.socket
     isolation: Isolation | None
@@ -156,7 +158,7 @@ class _Server:
         self.sel.register(control, selectors.EVENT_READ, ("request", 0))
         self.open = True
         self.calls: dict[int, tuple[socket.socket | None, int | None]] = {}  # pid: call socket, pidfd
-        self.spare: _Spare | None = None
+        self.spare: Spare | None = None
 
     def serve(self) -> None:
         try:
@@ -207,16 +209,16 @@ class _Server:
         self._started(child, call)
 
     def _taken(self, pid: int, call: socket.socket) -> None:
-        spare, self.spare = self.spare, None
+        spare = self.spare
         if spare is None or spare.pid != pid:  # dropped before the worker read its offer
-            self.spare = spare
             _send(call, {"error": f"the tool process {pid} was not waiting for a call",
                          "stale": True})
             call.close()
             return
+        self.spare = None
         self._started(spare, call)
 
-    def _started(self, child: _Spare, call: socket.socket) -> None:
+    def _started(self, child: Spare, call: socket.socket) -> None:
         """A child has its call: watch it for the worker; fork and offer the next spare."""
         child.sock.close()
         self.calls[child.pid] = (call, os.pidfd_open(child.pid))
@@ -243,7 +245,7 @@ class _Server:
                 self.spare = None
                 _drop(spare, reaped=not alive)
 
-    def _fork(self, isolation: Isolation | None, stderr: int | None) -> _Spare:
+    def _fork(self, isolation: Isolation | None, stderr: int | None) -> Spare:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         zygote = os.getpid()
         try:
@@ -256,7 +258,7 @@ class _Server:
             _child(isolation, theirs, zygote, stderr)
         os.setpgid(pid, pid)  # the child does it too: whichever runs first, the group exists now
         theirs.close()
-        return _Spare(pid, ours, isolation)
+        return Spare(pid, ours, isolation)
 
     def _drop_spare(self) -> None:
         if self.spare is not None:
@@ -294,7 +296,7 @@ class _Server:
             self.calls[pid] = (None, pidfd)
 
 
-def _drop(spare: _Spare, *, reaped: bool) -> None:
+def _drop(spare: Spare, *, reaped: bool) -> None:
     spare.sock.close()
     if not reaped:
         os.killpg(spare.pid, signal.SIGKILL)  # not reaped yet: the group id is still its own

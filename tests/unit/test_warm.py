@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from cortex_worker.sandbox import isolation, warm
+from cortex_worker.sandbox import isolation, warm, zygote
 from cortex_worker.sandbox.isolation import Isolation, interpreter_paths
 from cortex_worker.sandbox.process import (
     SandboxError,
@@ -170,7 +170,7 @@ def offered(env: dict[str, str]) -> int:
         with server.lock:
             server._read_offers()
             if server.spare is not None:
-                return server.spare[0]
+                return server.spare.pid
         assert time.monotonic() < deadline, "no spare was offered"
         time.sleep(0.01)
 
@@ -220,7 +220,7 @@ def test_a_call_that_does_not_fit_the_spare_goes_through_the_zygote(root: Path) 
         dead_end, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         peer.close()  # as the dropped spare's end is
         with server.lock:  # its offer, as if the worker read it only now
-            server.spare = (spare, dead_end, iso(root))
+            server.spare = zygote.Spare(spare, dead_end, iso(root))
         again = call("whoami", cwd=root / "job-a", isolation=iso(root), env=env)
         assert again["cwd"] == str(root / "job-a")
         assert again["imported_in"] == who["imported_in"]  # through the same zygote
@@ -240,8 +240,9 @@ def test_a_spare_dropped_as_it_took_the_call_is_killed_and_the_call_retried(root
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         with server.lock:  # an offer of a process the zygote does not know as its spare
-            server.spare[1].close()
-            server.spare = (decoy.pid, ours, None)
+            assert server.spare is not None
+            server.spare.sock.close()
+            server.spare = zygote.Spare(decoy.pid, ours, None)
         who = call("whoami", cwd=root / "job-a", isolation=None, env=env)
         assert who["imported_in"] != first["imported_in"]  # the call ran on a new zygote
         assert decoy.wait(timeout=5) == -signal.SIGKILL
