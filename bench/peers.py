@@ -37,8 +37,8 @@ script with the server's exact pacing (a turn of n tokens lasts ttft + (n - 1)/t
 turns' streams plus the tools' critical path, a tool starting when its call is complete:
 
 - LangGraph's own ideal: every call of a turn starts when the message ends;
-- Cortex native's own ideal: a call starts when the next call's first fragment arrives (the
-  last one at the end), as the gateway dispatches;
+- Cortex native's own ideal: a call starts at its last argument fragment (the one that closes
+  its JSON object), as the gateway dispatches: the best possible on the native stream;
 - Cortex protocol's own ideal: an action starts at the token that completes its `</action>`;
 - best possible (shared, on the native stream): a call starts at its last argument fragment.
 
@@ -179,26 +179,19 @@ def chunks(chars: int) -> int:
 
 def triggers(turn: Turn, rule: str) -> tuple[int, list[int]]:
     """The turn's tokens as the fake server paces them, and per call (or action) the token
-    at which it can start under `rule`: `end` (the message's last token), `next` (the next
-    call's first fragment, the last call at the end), `complete` (its last argument
-    fragment), or `action` (the token that completes its `</action>`)."""
+    at which it can start under `rule`: `end` (the message's last token), `complete` (its
+    last argument fragment), or `action` (the token that completes its `</action>`)."""
     if rule == "action":
         ends, at = [], 0
         while (at := turn.text.find("</action>", at)) >= 0:
             at += len("</action>")
             ends.append(chunks(at) - 1)
         return chunks(len(turn.text)), ends
-    n = chunks(len(turn.text))
-    heads, lasts = [], []
-    for call in turn.tool_calls:
-        heads.append(n)
+    n, lasts = chunks(len(turn.text)), []
+    for call in turn.tool_calls:  # its first fragment (id and name), then its arguments
         n += 1 + chunks(len(json.dumps(call["arguments"])))
         lasts.append(n - 1)
-    if rule == "end":
-        return n, [n - 1] * len(heads)
-    if rule == "next":
-        return n, [*heads[1:], n - 1][:len(heads)]
-    return n, lasts
+    return n, [n - 1] * len(lasts) if rule == "end" else lasts
 
 
 def ideal(steps: Sequence[Step], script: Sequence[Turn], rule: str, ttft: float,
@@ -357,7 +350,7 @@ def phases(job: Job, variant: str, steps: Sequence[Step], script: Sequence[Turn]
 # --------------------------------------------------------------------------- main
 
 
-RULES = {"LangGraph": "end", "Cortex native": "next", "Cortex protocol": "action"}
+RULES = {"LangGraph": "end", "Cortex native": "complete", "Cortex protocol": "action"}
 
 
 def measure(stack: Stack, client: httpx.Client, variant: str, steps: Sequence[Step],

@@ -2,8 +2,9 @@
 provider table.
 
 * `stream_chat(config, messages, tools=)` yields `TextDelta`s as the server sends them, each
-  native `ToolCall` (assembled from its fragments) as soon as it is complete (when the next
-  call starts, or when the model finishes), and a `Usage` at the end when the server reports
+  native `ToolCall` (assembled from its fragments) as soon as it is complete (when its
+  arguments close their JSON object, when the next call starts, or when the model finishes:
+  whichever comes first), and a `Usage` at the end when the server reports
   one.
 * Retries (`transport.stream_with_retries`, shared with the Anthropic provider): connection
   errors, timeouts, 408, 429 and 5xx are retried up to `config.max_retries` times with
@@ -20,7 +21,10 @@ provider table.
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,8 @@ from cortex_worker.llm.replay import replay_stream
 from cortex_worker.llm.sse import T, Take, hand_over, json_event, taken
 from cortex_worker.llm.stream import ModelError, Piece, TextDelta, ToolCall, Usage
 from cortex_worker.llm.transport import close_shared_client, shared_client
+
+log = logging.getLogger(__name__)
 
 __all__ = ["PROVIDERS", "close_shared_client", "complete", "open_stream", "shared_client",
            "stream_chat"]
@@ -69,29 +75,90 @@ def _headers(config: ModelConfig) -> dict[str, str]:
 
 
 # -- SSE -------------------------------------------------------------------------------------
+_JSON_MARKS = re.compile(r'["\\{}]')
+
+
+@dataclass(slots=True)
+class _Call:
+    """One native call's fragments, and a scan of its arguments that finds where their JSON
+    object closes (each character looked at once, across fragment boundaries)."""
+
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+    scan: str = "start"  # start (blank so far), object, closed, other (not one object)
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False  # the last fragment ended on a backslash inside a string
+    seen: int = 0  # characters of arguments so far
+    end: int = 0  # once closed: the characters up to the object's closing brace
+
+    def extend(self, text: str) -> bool:
+        """Add argument text; True when it closes the arguments' outermost JSON object."""
+        self.arguments.append(text)
+        before, self.seen = self.seen, self.seen + len(text)
+        if self.scan == "start":
+            blank = len(text) - len(text.lstrip())
+            if blank == len(text):
+                return False
+            self.scan = "object" if text[blank] == "{" else "other"
+        if self.scan != "object":
+            return False
+        at = 0
+        if self.escaped:
+            at, self.escaped = 1, False
+        while (mark := _JSON_MARKS.search(text, at)) is not None:
+            char, at = mark.group(), mark.end()
+            if self.in_string:
+                if char == "\\":
+                    self.escaped, at = at == len(text), at + 1
+                elif char == '"':
+                    self.in_string = False
+            elif char == '"':
+                self.in_string = True
+            elif char == "{":
+                self.depth += 1
+            elif char == "}":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.scan, self.end = "closed", before + at
+                    return True
+        return False
+
+
 class _ToolCallBuffer:
-    """Accumulates `delta.tool_calls` fragments by index."""
+    """Accumulates `delta.tool_calls` fragments by index and hands out each call once it is
+    complete: when its arguments close their JSON object, when a later index starts, or at
+    the end of the message, whichever comes first."""
 
     def __init__(self) -> None:
-        self._calls: dict[int, dict[str, Any]] = {}
+        self._calls: dict[int, _Call] = {}
+        self._after: dict[int, tuple[str, list[str]]] = {}  # handed out: id, text after it
 
-    def add(self, fragments: list[Any]) -> None:
+    def add(self, fragments: list[Any]) -> list[ToolCall]:
+        """Take fragments in; the calls whose arguments they complete, in their order."""
+        closed = []
         for position, fragment in enumerate(fragments):
             if not isinstance(fragment, dict):
                 continue
             index = fragment.get("index", position)
-            call = self._calls.setdefault(index, {"id": "", "name": "", "arguments": []})
-            if fragment.get("id") and not call["id"]:
-                call["id"] = str(fragment["id"])
             function = fragment.get("function") or {}
-            name = function.get("name")
-            if name and name != call["name"]:
-                call["name"] += str(name)
             arguments = function.get("arguments")
-            if isinstance(arguments, str):
-                call["arguments"].append(arguments)
-            elif isinstance(arguments, dict):  # some servers send the object itself
-                call["arguments"].append(json.dumps(arguments))
+            if isinstance(arguments, dict):  # some servers send the object itself
+                arguments = json.dumps(arguments)
+            if index in self._after:
+                if isinstance(arguments, str):
+                    self._after[index][1].append(arguments)
+                continue
+            call = self._calls.setdefault(index, _Call())
+            if fragment.get("id") and not call.id:
+                call.id = str(fragment["id"])
+            name = function.get("name")
+            if name and name != call.name:
+                call.name += str(name)
+            if isinstance(arguments, str) and call.extend(arguments) and call.name:
+                closed.extend(self._take_closed(index))
+        return closed
 
     def complete_before(self, fragments: list[Any]) -> list[ToolCall]:
         """The calls these fragments show to be complete: OpenAI streams one call's fragments
@@ -104,14 +171,38 @@ class _ToolCallBuffer:
         return self._take([i for i in self._calls if i < min(starts)])
 
     def flush(self) -> list[ToolCall]:
+        """The calls still open at the end of the message. Text a model wrote after a call's
+        arguments had closed their object is dropped with a warning: the call ran without it
+        (vLLM's parsers have been seen to send a call's arguments twice)."""
+        for index, (id_, after) in self._after.items():
+            extra = "".join(after).strip()
+            if extra:
+                log.warning("native tool call %s (index %s) went on after its arguments' JSON "
+                            "object had closed; ignored: %.200r", id_, index, extra)
+        self._after.clear()
         return self._take(list(self._calls))  # first-seen order: the index order
+
+    def _take_closed(self, index: int) -> list[ToolCall]:
+        """The call whose arguments just closed their object, if that object is JSON (if not,
+        it waits for the end like any other)."""
+        call = self._calls[index]
+        whole = "".join(call.arguments)
+        try:
+            value = json.loads(whole[:call.end])
+        except (ValueError, RecursionError):
+            call.scan = "other"
+            return []
+        del self._calls[index]
+        id_ = call.id or f"call_{index}"
+        self._after[index] = (id_, [whole[call.end:]])
+        return [ToolCall(id_, call.name, value, whole[:call.end])]
 
     def _take(self, indexes: list[int]) -> list[ToolCall]:
         calls = []
         for index in indexes:
             c = self._calls.pop(index)
-            calls.append(ToolCall.from_raw(c["id"] or f"call_{index}", c["name"],
-                                           "".join(c["arguments"])))
+            calls.append(ToolCall.from_raw(c.id or f"call_{index}", c.name,
+                                           "".join(c.arguments)))
         return calls
 
 
@@ -146,7 +237,7 @@ class ChatDecoder:
                 pieces.append(TextDelta(content))
             if delta.get("tool_calls"):
                 pieces.extend(self.calls.complete_before(delta["tool_calls"]))
-                self.calls.add(delta["tool_calls"])
+                pieces.extend(self.calls.add(delta["tool_calls"]))
             if choice.get("finish_reason"):
                 self.finished = True
                 pieces.extend(self.calls.flush())
@@ -181,7 +272,7 @@ def _parse_whole(url: str, raw: bytes) -> Iterator[Piece]:
     if message.get("content"):
         yield TextDelta(str(message["content"]))
     calls = _ToolCallBuffer()
-    calls.add(message.get("tool_calls") or [])
+    yield from calls.add(message.get("tool_calls") or [])
     yield from calls.flush()
     usage = _usage(data.get("usage"))
     if usage:

@@ -140,6 +140,95 @@ def test_each_tool_call_is_yielded_once_the_next_one_starts(llm: FakeLLM, model:
     assert second[1].arguments == {"message": "x" * 200}
 
 
+def test_a_tool_call_is_yielded_the_moment_its_arguments_close(llm: FakeLLM,
+                                                              model: str) -> None:
+    """Its last argument fragment completes a call: it runs before the model has begun the
+    next one (a real model writes the next call's name first, or its end-of-message)."""
+    calls = [{"id": "call_1", "name": "echo", "arguments": {"message": "first"}},
+             {"id": "call_2", "name": "echo", "arguments": {"message": "second"}}]
+    llm.script(model, [Turn(tool_calls=calls, chunk_chars=4, tokens_per_second=20)])
+    yielded = {piece.id: time.monotonic()
+               for piece in gateway.stream_chat(config(llm, model), MESSAGES)
+               if isinstance(piece, ToolCall)}
+    ticks = llm.token_times(model)[0]
+    last_fragment = -(-len(json.dumps(calls[0]["arguments"])) // 4)  # tick 0: the call's head
+    assert ticks[last_fragment] <= yielded["call_1"] < ticks[last_fragment + 1]
+    assert list(yielded) == ["call_1", "call_2"]
+
+
+def chunk(*fragments: dict[str, Any], finish: str | None = None) -> str:
+    """One `chat.completion.chunk`'s data carrying tool-call fragments."""
+    delta = {"tool_calls": list(fragments)} if fragments else {}
+    return json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+def fragment(index: int, arguments: str, name: str = "") -> dict[str, Any]:
+    head = {"id": f"call_{index}", "name": name} if name else {}
+    return {"index": index, **({"id": head["id"]} if head else {}),
+            "function": {**({"name": name} if name else {}), "arguments": arguments}}
+
+
+def decode(*events: str) -> list[list[Any]]:
+    """The pieces each event gives, through the decoder the gateway uses."""
+    decoder = gateway.ChatDecoder("http://model")
+    return [decoder.event("", data) for data in events] + [decoder.end()]
+
+
+def test_a_calls_arguments_close_where_their_outermost_object_does() -> None:
+    """Braces and quotes inside strings, escapes split across fragments and nested objects do
+    not close the arguments early; the fragment that does close them yields the call."""
+    text = json.dumps({"a": '}{\\"', "b": {"c": [1, {"d": "\\"}]}, "e": "x\\"})
+    value = json.loads(text)
+    for size in (1, 2, 3, 5, len(text)):
+        parts = [text[i:i + size] for i in range(0, len(text), size)]
+        events = [chunk(fragment(0, "", name="echo"))]
+        events += [chunk(fragment(0, part)) for part in parts]
+        got = decode(*events, chunk(finish="tool_calls"))
+        assert [i for i, pieces in enumerate(got) if pieces] == [len(parts)], size
+        assert got[len(parts)] == [ToolCall("call_0", "echo", value, text)]
+
+
+def test_arguments_that_do_not_close_as_json_wait_for_the_end() -> None:
+    """Balanced braces that are not JSON, or arguments that are not an object, are complete
+    only at the end of the message, and reported as the model wrote them."""
+    for text in ('{"a": tru}', '[{"a": 1}]', '"x"'):
+        got = decode(chunk(fragment(0, "", name="echo")), chunk(fragment(0, text)),
+                     chunk(fragment(0, " ")), chunk(finish="tool_calls"))
+        assert got[:3] == [[], [], []]
+        assert got[3] == [ToolCall("call_0", "echo", None, text + " ")]
+
+
+def test_an_object_sent_whole_is_a_complete_call() -> None:
+    got = decode(chunk({"index": 0, "id": "c", "function": {"name": "echo",
+                                                            "arguments": {"m": 1}}}),
+                 chunk(finish="tool_calls"))
+    assert got[0] == [ToolCall("c", "echo", {"m": 1}, '{"m": 1}')]
+
+
+def test_text_after_a_calls_closed_arguments_is_dropped_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM's parsers have sent a call's arguments twice (`{..}{..}`): the call runs once,
+    with the first object, and what followed it is named in a warning."""
+    got = decode(chunk(fragment(0, "", name="echo")), chunk(fragment(0, '{"m": 1}{"m"')),
+                 chunk(fragment(0, ': 1}')), chunk(fragment(1, '{}', name="echo")),
+                 chunk(finish="tool_calls"))
+    assert got[1] == [ToolCall("call_0", "echo", {"m": 1}, '{"m": 1}')]
+    assert got[3] == [ToolCall("call_1", "echo", {}, "{}")]
+    assert got[4] == [] and got[5] == []
+    assert "call_0" in caplog.text and '{"m": 1}' in caplog.text
+
+
+def test_a_call_without_its_name_yet_waits(caplog: pytest.LogCaptureFixture) -> None:
+    """Arguments that close before the call's name has come are complete with the name: at
+    the next call or the end."""
+    got = decode(chunk({"index": 0, "id": "c", "function": {"arguments": '{"m": 1}'}}),
+                 chunk({"index": 0, "function": {"name": "echo"}}),
+                 chunk(finish="tool_calls"))
+    assert got[:2] == [[], []]
+    assert got[2] == [ToolCall("c", "echo", {"m": 1}, '{"m": 1}')]
+    assert not caplog.text
+
+
 def test_usage_is_reported_last_and_only_when_sent(llm: FakeLLM, model: str) -> None:
     llm.script(model, [Turn(text="x" * 40), Turn(text="y" * 40, usage=False)])
     pieces = list(gateway.stream_chat(config(llm, model), MESSAGES))
