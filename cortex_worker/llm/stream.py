@@ -42,8 +42,9 @@ class ToolCall:
     """A complete native tool call.
 
     `arguments` is the decoded JSON object, or None when the model's arguments were not a JSON
-    object; `raw_arguments` always holds the text exactly as the model wrote it, so an invalid
-    call can be reported (see `tool_call_to_protocol`) instead of being dropped.
+    object; `raw_arguments` holds the text exactly as the model wrote it (up to the end of the
+    object, for a call handed out when its object closed), so an invalid call can be reported
+    (see `tool_call_to_protocol`) instead of being dropped.
     """
 
     id: str
