@@ -1,7 +1,7 @@
 """Cortex and LangGraph side by side on one scripted model: makespans against their ideals.
 
 Usage: python bench/peers.py [--runs 5] [--warmup 1] [--ttft 0.4] [--tps 50] [--jobs 1]
-                             [--sleep-scale 1]
+                             [--sleep-scale 1] [--end-token]
 
 Needs the `bench` extra (`pip install -e '.[bench]'`: langgraph, langchain-openai).
 
@@ -10,9 +10,12 @@ tool --concurrency 4xJOBS`, `cortex worker --pool agent --concurrency 200` (thre
 pool's default), `cortex api`, and the tests' fake OpenAI-compatible model server
 (`tests/fake_llm.py`) in this process. The model answers each request after `--ttft` seconds
 (time to first token), then streams `--tps` tokens a second; a token is one chunk of 4
-characters, or the first fragment (id and name) of a native tool call. It keeps connections
-alive between requests, as real providers do, and each peer keeps its own open between jobs:
-a Cortex worker's process-wide client, and one `httpx.Client` for every LangGraph run.
+characters, or the first fragment (id and name) of a native tool call. A message ends with
+its last chunk, or with `--end-token` a token later, as engines stream it (the model's
+end-of-turn token is a step of its own: LangGraph acts on a message at its end, Cortex on a
+native call at its last argument fragment). It keeps connections alive between requests, as
+real providers do, and each peer keeps its own open between jobs: a Cortex worker's
+process-wide client, and one `httpx.Client` for every LangGraph run.
 Everything is stopped at the end, also on errors and Ctrl-C.
 
 Both peers call the same Python function, `lookup` below (it sleeps `seconds`, then returns
@@ -160,12 +163,13 @@ def protocol_text(step: Step, mode: str) -> str:
     return step.text + "".join(action_block(k, s, mode) for k, s in step.calls)
 
 
-def turns(steps: Sequence[Step], protocol: bool, ttft: float, tps: float) -> list[Turn]:
+def turns(steps: Sequence[Step], protocol: bool, args: argparse.Namespace) -> list[Turn]:
     """The fake model's turns: native tool calls, or the same as protocol text."""
     from tests.fake_llm import Turn
 
     mode = "sync" if sum(1 for s in steps if s.calls) > 1 else "async"
-    pace = {"tokens_per_second": tps, "chunk_chars": CHUNK_CHARS, "delay_s": ttft}
+    pace = {"tokens_per_second": args.tps, "chunk_chars": CHUNK_CHARS, "delay_s": args.ttft,
+            "end_token": args.end_token}
     if protocol:
         return [Turn(text=protocol_text(s, mode), **pace) for s in steps]
     return [Turn(text=s.text, tool_calls=[{"id": call_id(k), "name": "lookup",
@@ -180,17 +184,19 @@ def chunks(chars: int) -> int:
 def triggers(turn: Turn, rule: str) -> tuple[int, list[int]]:
     """The turn's tokens as the fake server paces them, and per call (or action) the token
     at which it can start under `rule`: `end` (the message's last token), `complete` (its
-    last argument fragment), or `action` (the token that completes its `</action>`)."""
+    last argument fragment), or `action` (the token that completes its `</action>`). With
+    `end_token`, the message's end is a token of its own after the last one."""
     if rule == "action":
         ends, at = [], 0
         while (at := turn.text.find("</action>", at)) >= 0:
             at += len("</action>")
             ends.append(chunks(at) - 1)
-        return chunks(len(turn.text)), ends
+        return chunks(len(turn.text)) + turn.end_token, ends
     n, lasts = chunks(len(turn.text)), []
     for call in turn.tool_calls:  # its first fragment (id and name), then its arguments
         n += 1 + chunks(len(json.dumps(call["arguments"])))
         lasts.append(n - 1)
+    n += turn.end_token
     return n, [n - 1] * len(lasts) if rule == "end" else lasts
 
 
@@ -360,7 +366,7 @@ def measure(stack: Stack, client: httpx.Client, variant: str, steps: Sequence[St
 
     assert stack.llm is not None
     llm = stack.llm
-    script = turns(steps, variant == "Cortex protocol", args.ttft, args.tps)
+    script = turns(steps, variant == "Cortex protocol", args)
     models = [f"peers-{tag}-{n}" for n in range(args.jobs)]
     if variant == "LangGraph":
         def run(model: str) -> Job:
@@ -402,6 +408,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="jobs of a variant run at once (default 1)")
     parser.add_argument("--sleep-scale", type=float, default=1.0,
                         help="multiply the lookups' sleeps (default 1; quick runs: 0.1)")
+    parser.add_argument("--end-token", action="store_true",
+                        help="end each message a token after its last chunk, as an engine "
+                             "does once the model writes its end-of-turn token (default: at "
+                             "once)")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.jobs < 1:
         parser.error("--runs and --jobs must be at least 1")
@@ -412,7 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_header(f"load average {loadavg()}")
     print(f"model:    fake OpenAI-compatible server on 127.0.0.1, first token after "
           f"{args.ttft:g} s, then {args.tps:g} tokens/s (1 token = 1 chunk of {CHUNK_CHARS} "
-          "characters, or a tool call's first fragment)")
+          "characters, or a tool call's first fragment); a message ends "
+          f"{'a token after its last chunk' if args.end_token else 'with its last chunk'}")
     tool_slots = 4 * args.jobs
     print(f"cortex:   tool pool x{tool_slots} (prefork), agent pool x{AGENT_THREADS} (threads); "
           f"{args.jobs} job(s) at once; {args.runs} measured round(s) after {args.warmup} "
@@ -469,7 +480,7 @@ def report(jobs: dict[tuple[str, str], list[list[Job]]], workloads: dict[str, tu
     from bench.agent import table
 
     def ideal_of(steps: Sequence[Step], variant: str, rule: str) -> float:
-        script = turns(steps, variant == "Cortex protocol", args.ttft, args.tps)
+        script = turns(steps, variant == "Cortex protocol", args)
         return ideal(steps, script, rule, args.ttft, args.tps)
 
     print(f"\nmakespan (s): median of {args.runs} round(s) [min-max]; a round's makespan is "
@@ -501,7 +512,7 @@ def report(jobs: dict[tuple[str, str], list[list[Job]]], workloads: dict[str, tu
     names: list[str] = []
     for (workload, variant), rounds in jobs.items():
         steps = workloads[workload]
-        script = turns(steps, variant == "Cortex protocol", args.ttft, args.tps)
+        script = turns(steps, variant == "Cortex protocol", args)
         own = ideal_of(steps, variant, RULES[variant])
         split = [phases(j, variant, steps, script, RULES[variant], llm, offset, args.ttft,
                         args.tps, own) for b in rounds for j in b]

@@ -49,7 +49,10 @@ class Turn:
     that many characters of text, then drop the connection without ending the body;
     `usage`: send a usage chunk when the request asks for it; `headers`: extra response headers
     (e.g. `{"Retry-After": "1"}`); `delay_s`: wait this long before answering at all (to
-    trigger client timeouts); `error_message`: the message of a `fail_status` answer.
+    trigger client timeouts); `error_message`: the message of a `fail_status` answer;
+    `end_token`: the end of the message (its `finish_reason` chunk) comes a token after the
+    last one, as an engine streams it once the model has written its end-of-turn token
+    (otherwise it follows the last chunk at once).
     """
 
     text: str = ""
@@ -62,6 +65,7 @@ class Turn:
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     error_message: str | None = None
+    end_token: bool = False
 
 
 class _Dropped(Exception):
@@ -410,6 +414,8 @@ class _Handler(BaseHTTPRequestHandler):
                     "index": number, "function": {"arguments": arguments[offset:offset + size]}}]}))
         if limit is not None:  # fewer characters than the limit: drop before finishing
             self._drop()
+        if turn.end_token:
+            pace()
         self._event(delta({}, "tool_calls" if turn.tool_calls else "stop"))
         wants_usage = (body.get("stream_options") or {}).get("include_usage")
         if turn.usage and wants_usage:

@@ -156,6 +156,21 @@ def test_a_tool_call_is_yielded_the_moment_its_arguments_close(llm: FakeLLM,
     assert list(yielded) == ["call_1", "call_2"]
 
 
+def test_the_last_call_runs_before_the_message_ends(llm: FakeLLM, model: str) -> None:
+    """An engine ends a message a token after its last chunk (the model's end-of-turn token):
+    the message's last call is yielded at its last argument fragment, before that end."""
+    calls = [{"id": "call_1", "name": "echo", "arguments": {"message": "only"}}]
+    llm.script(model, [Turn(tool_calls=calls, tokens_per_second=10, end_token=True)])
+    yielded = 0.0
+    for piece in gateway.stream_chat(config(llm, model), MESSAGES):
+        if isinstance(piece, ToolCall):
+            yielded = time.monotonic()
+    ended = time.monotonic()
+    ticks = llm.token_times(model)[0]
+    assert len(ticks) == 1 + -(-len(json.dumps(calls[0]["arguments"])) // 4) + 1
+    assert ticks[-2] <= yielded < ticks[-1] < ended
+
+
 def chunk(*fragments: dict[str, Any], finish: str | None = None) -> str:
     """One `chat.completion.chunk`'s data carrying tool-call fragments."""
     delta = {"tool_calls": list(fragments)} if fragments else {}
