@@ -4,8 +4,7 @@ provider table.
 * `stream_chat(config, messages, tools=)` yields `TextDelta`s as the server sends them, each
   native `ToolCall` (assembled from its fragments) as soon as it is complete (when its
   arguments close their JSON object, when the next call starts, or when the model finishes:
-  whichever comes first), and a `Usage` at the end when the server reports
-  one.
+  whichever comes first), and a `Usage` at the end when the server reports one.
 * Retries (`transport.stream_with_retries`, shared with the Anthropic provider): connection
   errors, timeouts, 408, 429 and 5xx are retried up to `config.max_retries` times with
   exponential backoff (0.25 s base, jitter, `Retry-After` honoured up to 10 s), but only while
