@@ -145,6 +145,8 @@ class _ToolCallBuffer:
             arguments = function.get("arguments")
             if isinstance(arguments, dict):  # some servers send the object itself
                 arguments = json.dumps(arguments)
+            if fragment.get("id"):
+                closed.extend(self._reused(index, str(fragment["id"])))
             if index in self._after:
                 if isinstance(arguments, str):
                     self._after[index][1].append(arguments)
@@ -170,16 +172,30 @@ class _ToolCallBuffer:
         return self._take([i for i in self._calls if i < min(starts)])
 
     def flush(self) -> list[ToolCall]:
-        """The calls still open at the end of the message. Text a model wrote after a call's
-        arguments had closed their object is dropped with a warning: the call ran without it
-        (vLLM's parsers have been seen to send a call's arguments twice)."""
-        for index, (id_, after) in self._after.items():
-            extra = "".join(after).strip()
-            if extra:
-                log.warning("native tool call %s (index %s) went on after its arguments' JSON "
-                            "object had closed; ignored: %.200r", id_, index, extra)
-        self._after.clear()
+        """The calls still open at the end of the message."""
+        for index in list(self._after):
+            self._forget(index)
         return self._take(list(self._calls))  # first-seen order: the index order
+
+    def _reused(self, index: int, id_: str) -> list[ToolCall]:
+        """A fragment with another call's id under `index` starts a new call there: the one
+        before it is complete (Ollama sends every call of a message as index 0)."""
+        if index in self._after and self._after[index][0] != id_:
+            self._forget(index)
+        call = self._calls.get(index)
+        if call is not None and call.id and call.id != id_:
+            return self._take([index])
+        return []
+
+    def _forget(self, index: int) -> None:
+        """Done with a call handed out when its object closed. Text the model wrote after that
+        object is dropped with a warning: the call ran without it (vLLM's parsers have been
+        seen to send a call's arguments twice)."""
+        id_, after = self._after.pop(index)
+        extra = "".join(after).strip()
+        if extra:
+            log.warning("native tool call %s (index %s) went on after its arguments' JSON "
+                        "object had closed; ignored: %.200r", id_, index, extra)
 
     def _take_closed(self, index: int) -> list[ToolCall]:
         """The call whose arguments just closed their object, if that object is JSON (if not,

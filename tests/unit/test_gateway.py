@@ -233,6 +233,24 @@ def test_text_after_a_calls_closed_arguments_is_dropped_with_a_warning(
     assert "call_0" in caplog.text and '{"m": 1}' in caplog.text
 
 
+def test_calls_that_all_come_as_index_0_are_told_apart_by_their_ids() -> None:
+    """Ollama sends every call of a message as index 0, each with its own id: each is a call
+    of its own, whole in one chunk or streamed in fragments."""
+    def call(id_: str, arguments: str) -> dict[str, Any]:
+        return {"index": 0, "id": id_, "function": {"name": "echo", "arguments": arguments}}
+
+    got = decode(chunk(call("a", '{"m": 1}')), chunk(call("b", '{"m": 2}')),
+                 chunk(finish="tool_calls"))
+    assert got[:3] == [[ToolCall("a", "echo", {"m": 1}, '{"m": 1}')],
+                       [ToolCall("b", "echo", {"m": 2}, '{"m": 2}')], []]
+    got = decode(chunk(call("a", '{"m": ')), chunk(fragment(0, "1")),
+                 chunk(call("b", '[')), chunk(call("c", '{"m"')), chunk(fragment(0, ": 3}")),
+                 chunk(finish="tool_calls"))
+    assert got[2] == [ToolCall("a", "echo", None, '{"m": 1')]
+    assert got[3] == [ToolCall("b", "echo", None, "[")]
+    assert got[4:] == [[ToolCall("c", "echo", {"m": 3}, '{"m": 3}')], [], []]
+
+
 def test_a_call_without_its_name_yet_waits(caplog: pytest.LogCaptureFixture) -> None:
     """Arguments that close before the call's name has come are complete with the name: at
     the next call or the end."""
