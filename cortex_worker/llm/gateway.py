@@ -75,68 +75,104 @@ def _headers(config: ModelConfig) -> dict[str, str]:
 
 # -- SSE -------------------------------------------------------------------------------------
 _JSON_MARKS = re.compile(r'["\\{}]')
+_DECODER = json.JSONDecoder()
 
 
 @dataclass(slots=True)
 class _Call:
-    """One native call's fragments, and a scan of its arguments that finds where their JSON
-    object closes (each character looked at once, across fragment boundaries)."""
+    """One native call's fragments. A scan of its arguments notices each JSON object they
+    close (each character looked at once, across fragment boundaries); the objects are then
+    decoded from where the last one ended."""
 
     id: str = ""
     name: str = ""
-    arguments: list[str] = field(default_factory=list)
-    scan: str = "start"  # start (blank so far), object, closed, other (not one object)
+    text: list[str] = field(default_factory=list)
+    scan: str = "start"  # start (blank since the last object), object, other (not objects)
     depth: int = 0
     in_string: bool = False
     escaped: bool = False  # the last fragment ended on a backslash inside a string
-    seen: int = 0  # characters of arguments so far
-    end: int = 0  # once closed: the characters up to the object's closing brace
+    objects: list[tuple[dict[str, Any], str]] = field(default_factory=list)  # decoded
+    decoded_to: int = 0  # the characters the objects span
+    used: int = 0  # the objects looked at by `_ToolCallBuffer._ready`
+    handed: int = 0  # calls handed out
+    last: dict[str, Any] | None = None  # the arguments of the last one
 
     def extend(self, text: str) -> bool:
-        """Add argument text; True when it closes the arguments' outermost JSON object."""
-        self.arguments.append(text)
-        before, self.seen = self.seen, self.seen + len(text)
-        if self.scan == "start":
-            blank = len(text) - len(text.lstrip())
-            if blank == len(text):
-                return False
-            self.scan = "object" if text[blank] == "{" else "other"
-        if self.scan != "object":
-            return False
-        at = 0
-        if self.escaped:
+        """Add argument text; True if it closes one or more objects (now in `objects`)."""
+        self.text.append(text)
+        closed, at = False, 0
+        if self.escaped and text:
             at, self.escaped = 1, False
-        while (mark := _JSON_MARKS.search(text, at)) is not None:
-            char, at = mark.group(), mark.end()
-            if self.in_string:
-                if char == "\\":
-                    self.escaped, at = at == len(text), at + 1
+        while at < len(text) and self.scan != "other":
+            if self.scan == "start":
+                rest = text[at:].lstrip()
+                if not rest:
+                    break
+                at = len(text) - len(rest)
+                self.scan = "object" if rest[0] == "{" else "other"
+                continue
+            while (mark := _JSON_MARKS.search(text, at)) is not None:
+                char, at = mark.group(), mark.end()
+                if self.in_string:
+                    if char == "\\":
+                        self.escaped, at = at == len(text), at + 1
+                    elif char == '"':
+                        self.in_string = False
                 elif char == '"':
-                    self.in_string = False
-            elif char == '"':
-                self.in_string = True
-            elif char == "{":
-                self.depth += 1
-            elif char == "}":
-                self.depth -= 1
-                if self.depth == 0:
-                    self.scan, self.end = "closed", before + at
-                    return True
-        return False
+                    self.in_string = True
+                elif char == "{":
+                    self.depth += 1
+                elif char == "}":
+                    self.depth -= 1
+                    if self.depth == 0:
+                        self.scan, closed = "start", True
+                        break
+            else:
+                break  # the fragment ended inside the object
+        if closed:
+            self._decode()
+        return closed
+
+    def _decode(self) -> None:
+        """Decode the objects closed since the last one; a closed one that is not JSON ends
+        the scan (the call then waits for the end of the message)."""
+        whole = "".join(self.text)
+        while True:
+            start = len(whole) - len(whole[self.decoded_to:].lstrip())
+            if start == len(whole) or whole[start] != "{":
+                return
+            try:
+                value, end = _DECODER.raw_decode(whole, start)
+            except (ValueError, RecursionError):
+                if self.depth == 0:  # a whole object, and not JSON
+                    self.scan = "other"
+                return
+            self.objects.append((value, whole[start:end]))
+            self.decoded_to = end
+
+    def rest(self) -> str:
+        """What follows the last decoded object."""
+        return "".join(self.text)[self.decoded_to:]
 
 
 class _ToolCallBuffer:
     """Accumulates `delta.tool_calls` fragments by index and hands out each call once it is
     complete: when its arguments close their JSON object, when a later index starts, or at
-    the end of the message, whichever comes first."""
+    the end of the message, whichever comes first.
+
+    Servers' quirks, seen in the wild, are undone here: an empty object sent before the
+    arguments (`{}{"a": 1}`: Gemini's OpenAI-compatible endpoint) is a placeholder; the same
+    object twice (`{"a": 1}{"a": 1}`: vLLM's xlam parser) is one call; other objects run
+    together (`{"a": 1}{"a": 2}`: Gemini's parallel calls) are calls of their own, with ids
+    `<id>_2`, `<id>_3`…; and calls that all come as index 0 with ids of their own (Ollama)
+    are told apart by those ids."""
 
     def __init__(self) -> None:
         self._calls: dict[int, _Call] = {}
-        self._after: dict[int, tuple[str, list[str]]] = {}  # handed out: id, text after it
 
     def add(self, fragments: list[Any]) -> list[ToolCall]:
-        """Take fragments in; the calls whose arguments they complete, in their order."""
-        closed = []
+        """Take fragments in; the calls they complete, in their order."""
+        ready = []
         for position, fragment in enumerate(fragments):
             if not isinstance(fragment, dict):
                 continue
@@ -145,21 +181,19 @@ class _ToolCallBuffer:
             arguments = function.get("arguments")
             if isinstance(arguments, dict):  # some servers send the object itself
                 arguments = json.dumps(arguments)
-            if fragment.get("id"):
-                closed.extend(self._reused(index, str(fragment["id"])))
-            if index in self._after:
-                if isinstance(arguments, str):
-                    self._after[index][1].append(arguments)
-                continue
+            id_ = str(fragment.get("id") or "")
+            previous = self._calls.get(index)
+            if id_ and previous is not None and previous.id and previous.id != id_:
+                ready.extend(self._finish(index))  # the index was used again: a new call
             call = self._calls.setdefault(index, _Call())
-            if fragment.get("id") and not call.id:
-                call.id = str(fragment["id"])
+            if id_ and not call.id:
+                call.id = id_
             name = function.get("name")
             if name and name != call.name:
                 call.name += str(name)
             if isinstance(arguments, str) and call.extend(arguments) and call.name:
-                closed.extend(self._take_closed(index))
-        return closed
+                ready.extend(self._ready(index, call, final=False))
+        return ready
 
     def complete_before(self, fragments: list[Any]) -> list[ToolCall]:
         """The calls these fragments show to be complete: OpenAI streams one call's fragments
@@ -169,55 +203,41 @@ class _ToolCallBuffer:
                   if isinstance(f, dict)]
         if not starts or not all(isinstance(i, int) for i in [*starts, *self._calls]):
             return []
-        return self._take([i for i in self._calls if i < min(starts)])
+        return [c for i in list(self._calls) if i < min(starts) for c in self._finish(i)]
 
     def flush(self) -> list[ToolCall]:
-        """The calls still open at the end of the message."""
-        for index in list(self._after):
-            self._forget(index)
-        return self._take(list(self._calls))  # first-seen order: the index order
+        """The calls still open at the end of the message, in the order they began."""
+        return [c for i in list(self._calls) for c in self._finish(i)]
 
-    def _reused(self, index: int, id_: str) -> list[ToolCall]:
-        """A fragment with another call's id under `index` starts a new call there: the one
-        before it is complete (Ollama sends every call of a message as index 0)."""
-        if index in self._after and self._after[index][0] != id_:
-            self._forget(index)
-        call = self._calls.get(index)
-        if call is not None and call.id and call.id != id_:
-            return self._take([index])
-        return []
-
-    def _forget(self, index: int) -> None:
-        """Done with a call handed out when its object closed. Text the model wrote after that
-        object is dropped with a warning: the call ran without it (vLLM's parsers have been
-        seen to send a call's arguments twice)."""
-        id_, after = self._after.pop(index)
-        extra = "".join(after).strip()
-        if extra:
+    def _finish(self, index: int) -> list[ToolCall]:
+        """A call is complete: the calls its arguments make that were not handed out yet."""
+        call = self._calls.pop(index)
+        calls = self._ready(index, call, final=True)
+        if not call.handed:  # no arguments, or none that are JSON objects: reported as written
+            return [ToolCall.from_raw(call.id or f"call_{index}", call.name, "".join(call.text))]
+        rest = call.rest().strip()
+        if rest:
             log.warning("native tool call %s (index %s) went on after its arguments' JSON "
-                        "object had closed; ignored: %.200r", id_, index, extra)
+                        "object: ignored %.200r", call.id or f"call_{index}", index, rest)
+        return calls
 
-    def _take_closed(self, index: int) -> list[ToolCall]:
-        """The call whose arguments just closed their object, if that object is JSON (if not,
-        it waits for the end like any other)."""
-        call = self._calls[index]
-        whole = "".join(call.arguments)
-        try:
-            value = json.loads(whole[:call.end])
-        except (ValueError, RecursionError):
-            call.scan = "other"
-            return []
-        del self._calls[index]
-        id_ = call.id or f"call_{index}"
-        self._after[index] = (id_, [whole[call.end:]])
-        return [ToolCall(id_, call.name, value, whole[:call.end])]
-
-    def _take(self, indexes: list[int]) -> list[ToolCall]:
+    def _ready(self, index: int, call: _Call, *, final: bool) -> list[ToolCall]:
+        """The calls made by objects decoded since the last look (see the class docstring);
+        a lone leading `{}` waits, unless the call is complete, for what may follow it."""
         calls = []
-        for index in indexes:
-            c = self._calls.pop(index)
-            calls.append(ToolCall.from_raw(c.id or f"call_{index}", c.name,
-                                           "".join(c.arguments)))
+        base = call.id or f"call_{index}"
+        while call.used < len(call.objects):
+            value, raw = call.objects[call.used]
+            more = call.used + 1 < len(call.objects)
+            if not value and not call.handed and not more and not final:
+                break
+            call.used += 1
+            if (not value and not call.handed and more) or (call.handed and value == call.last):
+                continue  # a placeholder, or a copy of the call before
+            call.handed += 1
+            call.last = value
+            calls.append(ToolCall(base if call.handed == 1 else f"{base}_{call.handed}",
+                                  call.name, value, raw))
         return calls
 
 

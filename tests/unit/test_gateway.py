@@ -220,17 +220,41 @@ def test_an_object_sent_whole_is_a_complete_call() -> None:
     assert got[0] == [ToolCall("c", "echo", {"m": 1}, '{"m": 1}')]
 
 
-def test_text_after_a_calls_closed_arguments_is_dropped_with_a_warning(
-        caplog: pytest.LogCaptureFixture) -> None:
-    """vLLM's parsers have sent a call's arguments twice (`{..}{..}`): the call runs once,
-    with the first object, and what followed it is named in a warning."""
+def test_the_same_arguments_sent_twice_are_one_call(caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM's xlam parser has sent a call's arguments twice (`{..}{..}`): the call runs once,
+    as soon as the first copy closes."""
     got = decode(chunk(fragment(0, "", name="echo")), chunk(fragment(0, '{"m": 1}{"m"')),
                  chunk(fragment(0, ': 1}')), chunk(fragment(1, '{}', name="echo")),
                  chunk(finish="tool_calls"))
     assert got[1] == [ToolCall("call_0", "echo", {"m": 1}, '{"m": 1}')]
-    assert got[3] == [ToolCall("call_1", "echo", {}, "{}")]
-    assert got[4] == [] and got[5] == []
-    assert "call_0" in caplog.text and '{"m": 1}' in caplog.text
+    assert got[2] == [] and got[4] == [ToolCall("call_1", "echo", {}, "{}")]
+    assert got[3] == got[5] == [] and not caplog.text
+
+
+def test_an_empty_object_before_the_arguments_is_a_placeholder() -> None:
+    """Gemini's OpenAI-compatible endpoint sends `{}` first, then the arguments: the call
+    runs with the arguments; a `{}` with nothing after it is a call without arguments."""
+    got = decode(chunk(fragment(0, "{}", name="echo")), chunk(fragment(0, '{"m": 1}')),
+                 chunk(fragment(1, "{}", name="echo")), chunk(finish="tool_calls"))
+    assert got == [[], [ToolCall("call_0", "echo", {"m": 1}, '{"m": 1}')],
+                   [], [ToolCall("call_1", "echo", {}, "{}")], []]
+
+
+def test_objects_run_together_are_calls_of_their_own() -> None:
+    """Gemini has sent parallel calls of one function as one call whose arguments are the
+    objects run together: each object is a call, with an id of its own."""
+    got = decode(chunk(fragment(0, '{"m": 1}{"m": 2}', name="echo")),
+                 chunk(fragment(0, ' {"m": 3}')), chunk(finish="tool_calls"))
+    assert got == [[ToolCall("call_0", "echo", {"m": 1}, '{"m": 1}'),
+                    ToolCall("call_0_2", "echo", {"m": 2}, '{"m": 2}')],
+                   [ToolCall("call_0_3", "echo", {"m": 3}, '{"m": 3}')], [], []]
+
+
+def test_text_after_a_calls_arguments_that_is_no_object_is_dropped_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    got = decode(chunk(fragment(0, '{"m": 1}, "x"', name="echo")), chunk(finish="tool_calls"))
+    assert got == [[ToolCall("call_0", "echo", {"m": 1}, '{"m": 1}')], [], []]
+    assert 'call_0' in caplog.text and ', "x"' in caplog.text
 
 
 def test_calls_that_all_come_as_index_0_are_told_apart_by_their_ids() -> None:
