@@ -84,6 +84,7 @@ class _Call:
     close (each character looked at once, across fragment boundaries); the objects are then
     decoded from where the last one ended."""
 
+    index: int
     id: str = ""
     name: str = ""
     text: list[str] = field(default_factory=list)
@@ -150,6 +151,11 @@ class _Call:
             self.objects.append((value, whole[start:end]))
             self.decoded_to = end
 
+    @property
+    def label(self) -> str:
+        """Its id, or one made from its index when the server sent none."""
+        return self.id or f"call_{self.index}"
+
     def rest(self) -> str:
         """What follows the last decoded object."""
         return "".join(self.text)[self.decoded_to:]
@@ -182,17 +188,19 @@ class _ToolCallBuffer:
             if isinstance(arguments, dict):  # some servers send the object itself
                 arguments = json.dumps(arguments)
             id_ = str(fragment.get("id") or "")
-            previous = self._calls.get(index)
-            if id_ and previous is not None and previous.id and previous.id != id_:
+            call = self._calls.get(index)
+            if call is not None and id_ and call.id and call.id != id_:
                 ready.extend(self._finish(index))  # the index was used again: a new call
-            call = self._calls.setdefault(index, _Call())
+                call = None
+            if call is None:
+                call = self._calls[index] = _Call(index)
             if id_ and not call.id:
                 call.id = id_
             name = function.get("name")
             if name and name != call.name:
                 call.name += str(name)
             if isinstance(arguments, str) and call.extend(arguments) and call.name:
-                ready.extend(self._ready(index, call, final=False))
+                ready.extend(self._ready(call, final=False))
         return ready
 
     def complete_before(self, fragments: list[Any]) -> list[ToolCall]:
@@ -212,20 +220,20 @@ class _ToolCallBuffer:
     def _finish(self, index: int) -> list[ToolCall]:
         """A call is complete: the calls its arguments make that were not handed out yet."""
         call = self._calls.pop(index)
-        calls = self._ready(index, call, final=True)
+        calls = self._ready(call, final=True)
         if not call.handed:  # no arguments, or none that are JSON objects: reported as written
-            return [ToolCall.from_raw(call.id or f"call_{index}", call.name, "".join(call.text))]
+            return [ToolCall.from_raw(call.label, call.name, "".join(call.text))]
         rest = call.rest().strip()
         if rest:
             log.warning("native tool call %s (index %s) went on after its arguments' JSON "
-                        "object: ignored %.200r", call.id or f"call_{index}", index, rest)
+                        "object: ignored %.200r", call.label, index, rest)
         return calls
 
-    def _ready(self, index: int, call: _Call, *, final: bool) -> list[ToolCall]:
+    def _ready(self, call: _Call, *, final: bool) -> list[ToolCall]:
         """The calls made by objects decoded since the last look (see the class docstring);
         a lone leading `{}` waits, unless the call is complete, for what may follow it."""
         calls = []
-        base = call.id or f"call_{index}"
+        base = call.label
         while call.used < len(call.objects):
             value, raw = call.objects[call.used]
             more = call.used + 1 < len(call.objects)
