@@ -211,7 +211,7 @@ class Stack:
         for key in [k for k in os.environ if k.startswith("CORTEX_")]:
             del os.environ[key]
         os.environ.update({k: v for k, v in self.env.items() if k.startswith("CORTEX_")})
-        from cortex_worker.store import Store
+        from cortex_worker.store.state import Store
 
         self.store = Store.from_url(self.redis_server.url)
         if workers:

@@ -139,7 +139,7 @@ class Bench:
 
         from bench import rawapp
         from cortex_worker.settings import Settings
-        from cortex_worker.store import Store
+        from cortex_worker.store.state import Store
 
         self.raw_app = rawapp.make_app(Settings(redis_url=url, manifests=MANIFESTS_DIR))
         self.raw_app.conf.broker_url = url
@@ -223,7 +223,7 @@ class Bench:
 
     def script_round_trips(self, n: int) -> dict[str, list[float]]:
         """Time `claim` and `finish` (Lua, one round trip each) on a synthetic job."""
-        from cortex_worker.store import dumps
+        from cortex_worker.store.state import dumps
 
         job_id = f"bench-{uuid.uuid4().hex}"
         self.store.create_job(job_id, {"kind": "bench", "limit": "100000"}, 600)
@@ -261,7 +261,7 @@ class Bench:
         from celery import chain
         from kombu.utils.json import dumps as kombu_dumps
 
-        from cortex_worker import dispatch
+        from cortex_worker.actions import dispatch
         from cortex_worker.app import app
         from cortex_worker.plan.canvas import decompose
         from cortex_worker.protocol.document import load_document

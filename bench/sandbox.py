@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import print_header
 from cortex_worker.sandbox import isolation
+from cortex_worker.sandbox.function_main import parse_last_line
 from cortex_worker.sandbox.isolation import Isolation, interpreter_paths
 from cortex_worker.sandbox.process import SandboxResult, run_sandboxed
-from cortex_worker.sandbox.runner import parse_last_line
 from cortex_worker.sandbox.warm import RUNNER, run_warm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -14,9 +14,9 @@ from cortex_api.limits import BodyLimitMiddleware, body_limit
 from cortex_api.readiness import ReadinessProbe, celery_inspector, required_pools
 from cortex_api.routes import health, jobs, metrics, page, registry, sessions, validate
 from cortex_api.sse import EventHub
-from cortex_worker import tracing
+from cortex_worker.observability import tracing
 from cortex_worker.settings import Settings, get_settings
-from cortex_worker.store import Store
+from cortex_worker.store.state import Store
 
 
 def _version() -> str:

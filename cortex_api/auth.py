@@ -25,7 +25,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import APIKeyHeader, APIKeyQuery, HTTPAuthorizationCredentials, HTTPBearer
 
 from cortex_worker.errors import CortexError
-from cortex_worker.record import DEFAULT_TENANT
+from cortex_worker.jobs.record import DEFAULT_TENANT
 from cortex_worker.settings import Settings, hashed_key_entries
 
 QUERY_PARAM = "api_key"

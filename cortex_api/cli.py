@@ -91,8 +91,8 @@ def _print_summary(doc: Document, estimates: dict[str, float]) -> None:
 
 def _check_manifests() -> None:
     """Load the manifests once at start-up: a broken one stops the process with its error."""
-    from cortex_worker.manifests import ManifestError
-    from cortex_worker.runtime import get_registry
+    from cortex_worker.handles import get_registry
+    from cortex_worker.manifests.loader import ManifestError
 
     try:
         registry = get_registry()

@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 from cortex_api.readiness import ReadinessProbe
 from cortex_api.sse import EventHub
 from cortex_worker.settings import Settings
-from cortex_worker.store import Store
+from cortex_worker.store.state import Store
 
 
 async def get_settings(request: Request) -> Settings:

@@ -21,8 +21,8 @@ from starlette.requests import Request
 
 from cortex_api.limits import invalid_unicode
 from cortex_worker.errors import CortexError, SubmitError
-from cortex_worker.manifests import UnknownAgentError, UnknownWorkflowError
-from cortex_worker.store import SessionBusy
+from cortex_worker.manifests.loader import UnknownAgentError, UnknownWorkflowError
+from cortex_worker.store.state import SessionBusy
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from cortex_worker.options import JobOptions
-from cortex_worker.record import JobRecord
+from cortex_worker.jobs.options import JobOptions
+from cortex_worker.jobs.record import JobRecord
 
 __all__ = ["ActionView", "HealthStatus", "JobCreate", "JobCreated", "JobLinks", "JobList",
            "JobOptions", "JobStatus", "JobStatusView", "JobSummary", "JobView", "Readiness",

@@ -27,9 +27,9 @@ from starlette.types import Message, Send
 
 from cortex_api.agui import AgUiTranslator
 from cortex_api.errors import REDIS_ERRORS
-from cortex_worker.keys import channel, job_keys
-from cortex_worker.record import JOB_TERMINAL
-from cortex_worker.store import dumps
+from cortex_worker.jobs.record import JOB_TERMINAL
+from cortex_worker.store.keys import channel, job_keys
+from cortex_worker.store.state import dumps
 
 log = logging.getLogger("cortex.api.sse")
 

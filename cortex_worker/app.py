@@ -5,9 +5,9 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
-from cortex_worker import broker
 from cortex_worker.settings import Settings, get_settings
-from cortex_worker.store import MAX_CONNECTIONS
+from cortex_worker.store.state import MAX_CONNECTIONS
+from cortex_worker.worker import kombu_fixes as broker
 
 POOLS = ("agent", "tool", "llm", "relic", "docker")
 
@@ -21,7 +21,7 @@ def create_app(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
     broker.install()
     app = Celery("cortex", broker=settings.broker, backend=settings.redis_url,
-                 include=["cortex_worker.tasks"], events="cortex_worker.task_events:Events")
+                 include=["cortex_worker.tasks"], events="cortex_worker.observability.task_events:Events")
     app.conf.update(
         task_queues=[Queue(name, Exchange(name, type="direct"), routing_key=name) for name in POOLS],
         task_default_queue="tool",

@@ -13,9 +13,14 @@ from celery.signals import (
     worker_shutting_down,
 )
 
-from cortex_worker import coordinator, dispatch, executor, feeds, jobs, reconciler, tracing
+from cortex_worker.actions import dispatch, executor
 from cortex_worker.app import app
-from cortex_worker.runtime import get_store
+from cortex_worker.handles import get_store
+from cortex_worker.jobs import feeds
+from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker.jobs.turns import loop as coordinator
+from cortex_worker.observability import tracing
+from cortex_worker.recovery import reconciler
 from cortex_worker.sandbox.process import install_sigterm_handler
 from cortex_worker.settings import get_settings
 

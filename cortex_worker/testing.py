@@ -3,10 +3,11 @@
 Like Dramatiq's `StubBroker`: install it instead of Celery's broker, do what the test is
 about, then `join()` runs every message the engine sent, in order, until none is left. The
 state still lives in Redis (the Lua scripts are the engine), so a test needs a Redis server
-and a `Store` on it, and this process's settings, store and manifests (`cortex_worker.runtime`)
+and a `Store` on it, and this process's settings, store and manifests (`cortex_worker.handles`)
 pointing at them; but no Celery worker, and no broker connection.
 
-    from cortex_worker import dispatch, jobs
+    from cortex_worker.actions import dispatch
+    from cortex_worker.jobs import lifecycle as jobs
     from cortex_worker.testing import StubBroker
 
     broker = StubBroker()
@@ -113,7 +114,7 @@ class StubResult:
 
 class StubBroker:
     """Records the engine's messages per queue and runs them in-process (`join`, `step`).
-    Implements `cortex_worker.dispatch.Broker`; install it with `dispatch.use_broker`."""
+    Implements `cortex_worker.actions.dispatch.Broker`; install it with `dispatch.use_broker`."""
 
     def __init__(self, app: Celery | None = None) -> None:
         if app is None:

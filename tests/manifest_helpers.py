@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex_worker.manifests import ManifestError, load_registry
+from cortex_worker.manifests.loader import ManifestError, load_registry
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CORPUS = REPO_ROOT / "tests" / "corpus"  # the protocol corpus, kept in the repository

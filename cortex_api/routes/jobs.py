@@ -29,16 +29,16 @@ from cortex_api.sse import (
     event_stream,
     resume_point,
 )
-from cortex_worker.jobs import (
+from cortex_worker.jobs.lifecycle import (
     cancel_job,
     decide_approval,
     submit_agent,
     submit_document,
     submit_workflow,
 )
-from cortex_worker.keys import job_keys
-from cortex_worker.record import JobRecord
-from cortex_worker.store import Store
+from cortex_worker.jobs.record import JobRecord
+from cortex_worker.store.keys import job_keys
+from cortex_worker.store.state import Store
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

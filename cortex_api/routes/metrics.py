@@ -1,4 +1,4 @@
-"""`GET /metrics`: Prometheus text format, read from Redis at scrape time (cortex_worker.metrics)."""
+"""`GET /metrics`: Prometheus text format, read from Redis at scrape time (cortex_worker.observability.metrics)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from cortex_api.deps import SettingsDep, StoreDep
-from cortex_worker.metrics import CortexCollector
+from cortex_worker.observability.metrics import CortexCollector
 from cortex_worker.settings import Settings
-from cortex_worker.store import Store
+from cortex_worker.store.state import Store
 
 router = APIRouter(tags=["health"])
 

@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from cortex_api.auth import StreamCallerDep
 from cortex_api.deps import SettingsDep, StoreDep
-from cortex_worker.runtime import get_registry
+from cortex_worker.handles import get_registry
 
 log = logging.getLogger("cortex.api.page")
 

@@ -12,10 +12,10 @@ from cortex_api.auth import require_key
 from cortex_api.errors import api_error, responses
 from cortex_worker.agents.prompt import build_system_prompt
 from cortex_worker.agents.spec import INTERNAL_ACTIONS, AgentSpec
-from cortex_worker.manifests import Registry
+from cortex_worker.handles import get_registry
+from cortex_worker.manifests.loader import Registry
 from cortex_worker.plan.canvas import decompose
-from cortex_worker.relics.spec import RelicSpec
-from cortex_worker.runtime import get_registry
+from cortex_worker.services.relics.spec import RelicSpec
 from cortex_worker.tools.spec import Runtime, ToolSpec
 from cortex_worker.workflows.spec import WorkflowSpec
 

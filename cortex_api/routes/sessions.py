@@ -10,10 +10,10 @@ from cortex_api.auth import CallerDep
 from cortex_api.deps import SettingsDep, StoreDep
 from cortex_api.errors import api_error, responses
 from cortex_api.models import JobCreated, JobLinks, MessageCreate, SessionCreate, SessionView
-from cortex_worker.jobs import submit_agent
-from cortex_worker.options import JobOptions
-from cortex_worker.runtime import get_registry
-from cortex_worker.store import SessionTurn
+from cortex_worker.handles import get_registry
+from cortex_worker.jobs.lifecycle import submit_agent
+from cortex_worker.jobs.options import JobOptions
+from cortex_worker.store.state import SessionTurn
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 

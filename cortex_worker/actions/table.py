@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from cortex_worker.agents.spec import INTERNAL_ACTIONS
 from cortex_worker.protocol.variables import find_references
-from cortex_worker.relics.spec import check_relic_action
+from cortex_worker.services.relics.spec import check_relic_action
 from cortex_worker.tools.errors import ToolError
 from cortex_worker.tools.spec import queue_for, validate_parameters
 from cortex_worker.workflows import spec as wf
@@ -31,7 +31,7 @@ from cortex_worker.workflows import spec as wf
 if TYPE_CHECKING:
     from cortex_worker.agents.spec import AgentSpec
     from cortex_worker.llm.config import ModelConfig
-    from cortex_worker.relics.spec import RelicSpec
+    from cortex_worker.services.relics.spec import RelicSpec
     from cortex_worker.settings import Settings
     from cortex_worker.tools.spec import ToolSpec
 
@@ -215,16 +215,16 @@ def _on(queue: str) -> Callable[[Tables, str], str]:
 
 
 ACTION_TYPES: dict[str, ActionType] = {row.name: row for row in (
-    ActionType("tool", _tool_queue, _check_tool, "cortex_worker.targets:run_tool_action",
+    ActionType("tool", _tool_queue, _check_tool, "cortex_worker.actions.targets:run_tool_action",
                _tool_timeout, _tool_concurrency),
-    ActionType("llm", _on("llm"), _check_llm, "cortex_worker.targets:run_llm_action"),
-    ActionType("agent", _on("agent"), _check_agent, "cortex_worker.targets:run_agent_action"),
+    ActionType("llm", _on("llm"), _check_llm, "cortex_worker.actions.targets:run_llm_action"),
+    ActionType("agent", _on("agent"), _check_agent, "cortex_worker.actions.targets:run_agent_action"),
     ActionType("relic", _on("relic"), _check_relic,
-               "cortex_worker.relics.runner:run_relic_action"),
+               "cortex_worker.services.relics.action:run_relic_action"),
     ActionType("workflow", _on("agent"), _check_workflow,
-               "cortex_worker.workflows.runner:run_workflow_action"),
+               "cortex_worker.workflows.action:run_workflow_action"),
     ActionType("internal", _on("agent"), _check_internal,
-               "cortex_worker.internal:run_internal_action"),
+               "cortex_worker.jobs.internal:run_internal_action"),
 )}
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from cortex_worker.agents.spec import INTERNAL_ACTIONS, AgentSpec
 
 if TYPE_CHECKING:
-    from cortex_worker.manifests import Registry
+    from cortex_worker.manifests.loader import Registry
     from cortex_worker.tools.spec import ToolSpec
 
 __all__ = [

@@ -29,7 +29,6 @@ from typing import Any
 
 import httpx
 
-from cortex_worker import tracing
 from cortex_worker.llm import transport
 from cortex_worker.llm.anthropic import stream_messages
 from cortex_worker.llm.config import ModelConfig
@@ -38,6 +37,7 @@ from cortex_worker.llm.replay import replay_stream
 from cortex_worker.llm.sse import T, Take, hand_over, json_event, taken
 from cortex_worker.llm.stream import ModelError, Piece, TextDelta, ToolCall, Usage
 from cortex_worker.llm.transport import close_shared_client, shared_client
+from cortex_worker.observability import tracing
 
 log = logging.getLogger(__name__)
 

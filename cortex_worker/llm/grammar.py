@@ -71,7 +71,7 @@ from cortex_worker.errors import CortexError
 
 if TYPE_CHECKING:
     from cortex_worker.agents.spec import AgentSpec
-    from cortex_worker.manifests import Registry
+    from cortex_worker.manifests.loader import Registry
 
 __all__ = [
     "FLAVOURS",

@@ -50,7 +50,7 @@ from docker.models.containers import Container
 from docker.types import LogConfig, Ulimit
 from docker.utils.socket import frames_iter
 
-from cortex_worker.owners import dead_here, owner
+from cortex_worker.recovery.owners import dead_here, owner
 from cortex_worker.sandbox.process import DEFAULT_MAX_OUTPUT_BYTES, chain_sigterm
 from cortex_worker.settings import Settings
 from cortex_worker.tools.context import ToolContext
@@ -79,7 +79,7 @@ LABEL_JOB = "cortex.job_id"
 LABEL_ACTION = "cortex.action_id"
 LABEL_TOOL = "cortex.tool"
 LABEL_WORKER = "cortex.worker"
-"""The worker process that started the container, `host:pid` (see cortex_worker/owners.py)."""
+"""The worker process that started the container, `host:pid` (see cortex_worker/recovery/owners.py)."""
 REAP_EVERY_S = 60.0
 """How often a worker removes the containers of dead workers of its host (and at its first call)."""
 API_TIMEOUT_S = 30.0

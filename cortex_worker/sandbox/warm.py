@@ -2,7 +2,7 @@
 
 A cold python tool call starts an interpreter, imports the runner and the tool's module, then
 calls the function: 80-180 ms before the tool does anything. `run_warm` takes the same
-command (`python -P -s -m cortex_worker.sandbox.runner module:function`) and the same
+command (`python -P -s -m cortex_worker.sandbox.function_main module:function`) and the same
 arguments as `run_sandboxed`, and returns the same result, but the process comes from a
 *zygote* (cortex_worker/sandbox/zygote.py): an interpreter started once per tool module and
 environment in this worker process, with the module imported, that forks one child per call:
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import IO
 
 from cortex_worker.sandbox import zygote
+from cortex_worker.sandbox.function_main import parse_last_line
 from cortex_worker.sandbox.isolation import Isolation
 from cortex_worker.sandbox.process import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -54,12 +55,11 @@ from cortex_worker.sandbox.process import (
     sandbox_env,
     supervise,
 )
-from cortex_worker.sandbox.runner import parse_last_line
 from cortex_worker.tools.spec import Limits
 
 log = logging.getLogger(__name__)
 
-RUNNER = "cortex_worker.sandbox.runner"
+RUNNER = "cortex_worker.sandbox.function_main"
 ZYGOTE = "cortex_worker.sandbox.zygote"
 RECYCLE_AFTER = 500
 """Calls a zygote forks before it is retired."""

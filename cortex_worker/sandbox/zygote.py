@@ -1,7 +1,7 @@
 """The warm runner's fork server: `python -m cortex_worker.sandbox.zygote FD module`.
 
 Started by `cortex_worker.sandbox.warm` with the interpreter, flags, environment and
-`PYTHONPATH` of the cold runner (`-m cortex_worker.sandbox.runner module:function`), it imports
+`PYTHONPATH` of the cold runner (`-m cortex_worker.sandbox.function_main module:function`), it imports
 the tool's module once, then forks one child per call, and never runs a call itself: a call
 that changes the module's globals changes its own copy.
 
@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from cortex_worker.sandbox import runner
+from cortex_worker.sandbox import function_main as runner
 from cortex_worker.sandbox.isolation import FAILED, Isolation, fail, plan
 from cortex_worker.sandbox.process import Rlimits, set_rlimits
 
@@ -348,7 +348,7 @@ def _child(isolation: Isolation | None, sock: socket.socket, zygote: int,
 
 
 def _run(entrypoint: str) -> NoReturn:
-    """`python -m cortex_worker.sandbox.runner entrypoint`, in this process."""
+    """`python -m cortex_worker.sandbox.function_main entrypoint`, in this process."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the relay reset it
     sys.argv = [runner.__file__, entrypoint]
     status = 1

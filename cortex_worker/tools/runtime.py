@@ -51,7 +51,7 @@ def run_tool(
 
 def _mcp(spec: ToolSpec, params: dict[str, Any], ctx: ToolContext) -> Any:
     try:  # the MCP SDK loads where MCP tools run (the relic pool)
-        from cortex_worker.mcp.runner import run_mcp_tool
+        from cortex_worker.services.mcp.tool_call import run_mcp_tool
     except ImportError as exc:
         raise ToolError(f"tool {spec.name!r} comes from an MCP server, and this worker cannot "
                         f"run MCP tools ({exc}): pip install 'cortex[mcp]'") from exc

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from cortex_worker.sandbox import isolation
+from cortex_worker.sandbox.function_main import parse_last_line
 from cortex_worker.sandbox.isolation import Isolation
 from cortex_worker.sandbox.process import SandboxError, SandboxResult, run_sandboxed
-from cortex_worker.sandbox.runner import parse_last_line
 from cortex_worker.sandbox.warm import run_warm
 from cortex_worker.settings import Settings
 from cortex_worker.tools.context import ToolContext, tool_user

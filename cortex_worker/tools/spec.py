@@ -206,7 +206,7 @@ class ToolSpec(BaseModel):
 
     @property
     def mcp_server(self) -> Any:
-        """mcp: the `MCPServerSpec` of `server` (set by `cortex_worker.mcp.spec`), or None."""
+        """mcp: the `MCPServerSpec` of `server` (set by `cortex_worker.services.mcp.spec`), or None."""
         return self._mcp_server
 
 

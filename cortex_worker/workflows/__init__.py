@@ -4,7 +4,7 @@
 against every manifest loaded (through the action-type table), `output` renders a run's result,
 `runner` runs `type="workflow"` actions as child jobs. `link` is not imported here: it sits
 above the action-type table, which imports `spec` (and so this package). Submitting and finishing a run live with
-the other jobs in `cortex_worker.jobs`; what differs is `kinds.WorkflowKind`.
+the other jobs in `cortex_worker.jobs.lifecycle`; what differs is `kinds.WorkflowKind`.
 """
 
 from cortex_worker.workflows.output import failure_message, output_names, render_output

@@ -4,7 +4,7 @@ complete with every result recorded once and every event delivered once.
 This suite starts its OWN stack, so it may kill any part of it: a redis-server with an
 append-only file (`appendfsync everysec`), one `cortex worker` per pool, the API and the fake
 model server. Everything runs with the settings as shipped: the work of a killed process is
-found and sent again by Cortex's reconciler (cortex_worker/reconciler.py), not by the broker's
+found and sent again by Cortex's reconciler (cortex_worker/recovery/reconciler.py), not by the broker's
 visibility timeout (6 h). Every test here is marked `integration`.
 """
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cortex_worker.store import Store
+from cortex_worker.store.state import Store
 from tests import harness
 from tests.chaos.conftest import (
     TIMINGS,

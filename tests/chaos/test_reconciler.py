@@ -1,4 +1,4 @@
-"""Recovery from Cortex's own state, with the settings as shipped (cortex_worker/reconciler.py).
+"""Recovery from Cortex's own state, with the settings as shipped (cortex_worker/recovery/reconciler.py).
 
 Each test loses work the way a dying process or kombu's pop-then-record gap loses it: the
 broker message of a start or of a queued action is dropped from its queue while no worker of

@@ -83,7 +83,7 @@ def test_redis_restart_mid_job(stack: Stack) -> None:
         "restart -> both jobs ended (s)": round(time.time() - back_at, 2),
         "SSE reconnects": sum(c.connects - 1 for c in clients),
         "workers that crashed and were replaced": len(replaced)}
-    # kombu 5.7 crashed a worker in ~1 of 3 restarts before cortex_worker/broker.py
+    # kombu 5.7 crashed a worker in ~1 of 3 restarts before cortex_worker/worker/kombu_fixes.py
     assert replaced == [], f"workers crashed on the Redis restart: {replaced}"
     # The API's streams wait for Redis to come back (cortex_api/sse.py, REDIS_PAUSES_S)
     # instead of ending: a client that does not reconnect still gets every event.

@@ -8,7 +8,7 @@ production, so the Lua scripts are the real ones. Every test here is marked `eng
 
 While this package runs, the process's settings read `CORTEX_REDIS_URL` (the private Redis),
 `CORTEX_MANIFESTS` (tests/manifests) and `CORTEX_WORKSPACE_ROOT` (a temp dir), and no other
-`CORTEX_*` variable; the cached settings, store and registry (`cortex_worker.runtime`) are
+`CORTEX_*` variable; the cached settings, store and registry (`cortex_worker.handles`) are
 dropped on the way in and out, so other test packages see their own again.
 """
 
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from cortex_worker import dispatch, runtime
+from cortex_worker import handles as runtime
+from cortex_worker.actions import dispatch
 from cortex_worker.settings import get_settings
-from cortex_worker.store import Store
+from cortex_worker.store.state import Store
 from cortex_worker.testing import StubBroker
 from tests import harness
 from tests.fake_llm import FakeLLM

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cortex_worker.store import Store
+from cortex_worker.store.state import Store
 
 
 def action(ident: str, name: str, params: dict[str, Any], mode: str = "async",

@@ -17,10 +17,13 @@ from typing import Any
 import pytest
 import redis
 
-from cortex_worker import coordinator, dispatch, jobs, keys
-from cortex_worker.keys import JOBS_INDEX
-from cortex_worker.options import JobOptions
-from cortex_worker.store import SessionBusy, SessionTurn, Store, TurnStart
+from cortex_worker.actions import dispatch
+from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker.jobs.options import JobOptions
+from cortex_worker.jobs.turns import loop as coordinator
+from cortex_worker.store import keys
+from cortex_worker.store.keys import JOBS_INDEX
+from cortex_worker.store.state import SessionBusy, SessionTurn, Store, TurnStart
 from cortex_worker.testing import StubBroker
 from tests.engine.helpers import RoundTrips, events, of, one, status
 from tests.fake_llm import FakeLLM, Turn

@@ -1,4 +1,4 @@
-"""Actions that wait for a person (`cortex_worker.approvals`, `jobs.decide_approval`).
+"""Actions that wait for a person (`cortex_worker.jobs.approvals`, `jobs.decide_approval`).
 
 `deploy` (tests/manifests/tools.yaml) has `require_approval: true`; the agent `cautious`
 (agents.yaml) requires approval of its `calculator` calls and rejects unanswered requests
@@ -11,12 +11,13 @@ import json
 import time
 import uuid
 
-from cortex_worker import dispatch, jobs
-from cortex_worker.keys import job_keys
-from cortex_worker.options import JobOptions
-from cortex_worker.reconciler import Reconciler
+from cortex_worker.actions import dispatch
+from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker.jobs.options import JobOptions
+from cortex_worker.recovery.reconciler import Reconciler
 from cortex_worker.settings import get_settings
-from cortex_worker.store import Store
+from cortex_worker.store.keys import job_keys
+from cortex_worker.store.state import Store
 from cortex_worker.testing import StubBroker
 from tests.engine.helpers import action, events, of, one, status
 from tests.fake_llm import FakeLLM, Turn

@@ -1,12 +1,12 @@
-"""Text chunks of every turn in a process, logged together (`cortex_worker.chunk_writer`)."""
+"""Text chunks of every turn in a process, logged together (`cortex_worker.store.chunk_writer`)."""
 
 from __future__ import annotations
 
 import time
 
-from cortex_worker.chunk_writer import ChunkWriter
-from cortex_worker.jobs import cancel_job
-from cortex_worker.store import Store
+from cortex_worker.jobs.lifecycle import cancel_job
+from cortex_worker.store.chunk_writer import ChunkWriter
+from cortex_worker.store.state import Store
 from tests.engine.helpers import events
 
 

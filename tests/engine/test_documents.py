@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from cortex_worker import dispatch, jobs
-from cortex_worker.options import JobOptions
-from cortex_worker.store import TERMINAL, Store
+from cortex_worker.actions import dispatch
+from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker.jobs.options import JobOptions
+from cortex_worker.store.state import TERMINAL, Store
 from cortex_worker.testing import CANVAS, StubBroker
 from tests.engine.helpers import RoundTrips, action, events, of, one, status
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from cortex_worker import dispatch, jobs
-from cortex_worker.options import JobOptions
-from cortex_worker.store import Store
+from cortex_worker.actions import dispatch
+from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker.jobs.options import JobOptions
+from cortex_worker.store.state import Store
 from cortex_worker.testing import StubBroker
 from tests.engine.helpers import action, status
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import time
 
-from cortex_worker import dispatch, executor, jobs
-from cortex_worker.keys import alive_key, job_keys, wake_channel
-from cortex_worker.options import JobOptions
-from cortex_worker.owners import owner
-from cortex_worker.reconciler import Reconciler
+from cortex_worker.actions import dispatch, executor
+from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker.jobs.options import JobOptions
+from cortex_worker.recovery.owners import owner
+from cortex_worker.recovery.reconciler import Reconciler
 from cortex_worker.settings import Settings, get_settings
-from cortex_worker.store import Store
+from cortex_worker.store.keys import alive_key, job_keys, wake_channel
+from cortex_worker.store.state import Store
 from cortex_worker.testing import CANVAS, StubBroker
 from tests.engine.helpers import action, events, of, one, status
 

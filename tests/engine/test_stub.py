@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from celery import Celery, chain, group
 
-from cortex_worker import dispatch
+from cortex_worker.actions import dispatch
 from cortex_worker.testing import CANVAS, StubBroker, StubBrokerError
 
 app = Celery("stub-test", set_as_current=False)

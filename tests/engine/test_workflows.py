@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from cortex_worker import dispatch, jobs
-from cortex_worker.options import JobOptions
-from cortex_worker.store import Store
+from cortex_worker.actions import dispatch
+from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker.jobs.options import JobOptions
+from cortex_worker.store.state import Store
 from cortex_worker.testing import CANVAS, StubBroker
 from tests.engine.helpers import events, of, one, status
 

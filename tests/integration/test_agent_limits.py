@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from cortex_worker.jobs import child_job_id
+from cortex_worker.jobs.lifecycle import child_job_id
 from tests import harness
 from tests.fake_llm import FakeLLM, Turn
 from tests.integration.test_agents import (

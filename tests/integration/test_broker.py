@@ -1,4 +1,4 @@
-"""The broker on a real Redis: the kombu fix of cortex_worker.broker (a channel that closes
+"""The broker on a real Redis: the kombu fix of cortex_worker.worker.kombu_fixes (a channel that closes
 after its connection was torn down keeps the worker alive, and its task is delivered again),
 and what sending a task asks of Redis."""
 
@@ -11,10 +11,10 @@ import pytest
 import redis
 from kombu import Connection, Exchange, Queue
 
-from cortex_worker import broker
+from cortex_worker.actions.dispatch import ACTION_TASK, INVOKE_TASK, TURN_TASK, CeleryBroker
 from cortex_worker.app import create_app
-from cortex_worker.dispatch import ACTION_TASK, INVOKE_TASK, TURN_TASK, CeleryBroker
 from cortex_worker.settings import Settings
+from cortex_worker.worker import kombu_fixes as broker
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 import redis
 
-from cortex_worker.keys import job_keys
-from cortex_worker.store import Store
+from cortex_worker.store.keys import job_keys
+from cortex_worker.store.state import Store
 from tests import harness
 from tests.integration.test_documents import action, follow, of, one, submit
 

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from cortex_worker.app import POOLS
-from cortex_worker.metrics import BUCKETS
+from cortex_worker.observability.metrics import BUCKETS
 from tests.harness import wait_until
 from tests.integration.test_documents import action, run
 

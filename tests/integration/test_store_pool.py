@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from cortex_worker.store import Store
+from cortex_worker.store.state import Store
 from tests import harness
 
 THREADS = 160

@@ -1,4 +1,4 @@
-"""Celery's task events, published by a background thread (`cortex_worker.task_events`), on a
+"""Celery's task events, published by a background thread (`cortex_worker.observability.task_events`), on a
 real Redis with a real event receiver (what Flower runs): they all arrive, in order, with the
 time they describe, and publishing them never holds up the thread that caused them."""
 
@@ -14,8 +14,8 @@ import redis
 from celery import Celery
 
 from cortex_worker.app import create_app
+from cortex_worker.observability.task_events import BackgroundDispatcher
 from cortex_worker.settings import Settings
-from cortex_worker.task_events import BackgroundDispatcher
 from tests import harness
 from tests.integration.test_documents import follow, submit
 

@@ -17,7 +17,7 @@ import pytest
 
 from cortex_api.client import Client
 from cortex_api.models import JobOptions
-from cortex_worker.tracing import job_ids
+from cortex_worker.observability.tracing import job_ids
 from tests import harness
 from tests.fake_llm import FakeLLM, Turn
 from tests.otlp_collector import Collector, ReceivedSpan

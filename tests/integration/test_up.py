@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from cortex_api.stack import GRACE_S, redis_binary
-from cortex_worker.record import JOB_TERMINAL
+from cortex_worker.jobs.record import JOB_TERMINAL
 from tests import harness
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import redis
 
-from cortex_worker.keys import job_keys
+from cortex_worker.store.keys import job_keys
 from tests import harness
 from tests.integration.test_documents import action, follow, of, one
 
@@ -222,7 +222,7 @@ def test_cancelling_a_child_fails_the_parent_action(api: Any) -> None:
 
 
 def test_a_child_job_action_past_its_timeout_times_out_and_cancels_the_child(api: Any) -> None:
-    from cortex_worker.jobs import child_job_id
+    from cortex_worker.jobs.lifecycle import child_job_id
 
     doc = ('<action type="workflow" mode="async" id="slow" timeout="1">'
            '{"name": "sleepy", "parameters": {"seconds": 20}}</action>'

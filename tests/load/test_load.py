@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from cortex_worker.keys import job_keys
+from cortex_worker.store.keys import job_keys
 
 JOBS = 1000
 SUBMITTERS = 50

@@ -17,10 +17,10 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from cortex_worker import jobs
+from cortex_worker.handles import get_registry
+from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.llm.grammar import agent_targets
-from cortex_worker.runtime import get_registry
-from cortex_worker.store import Store
+from cortex_worker.store.state import Store
 from cortex_worker.testing import StubBroker
 
 MAX_TOKENS = 1024

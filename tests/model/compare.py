@@ -19,7 +19,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from cortex_worker import dispatch, runtime
+from cortex_worker import handles as runtime
+from cortex_worker.actions import dispatch
 from cortex_worker.testing import StubBroker
 from tests.model import agents as smol
 from tests.model.runtime import LlamaServer, engine, prepare

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from cortex_worker import dispatch, runtime
-from cortex_worker.store import Store
+from cortex_worker import handles as runtime
+from cortex_worker.actions import dispatch
+from cortex_worker.store.state import Store
 from cortex_worker.testing import StubBroker
 from tests.harness import RedisServer
 from tests.model import agents

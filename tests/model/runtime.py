@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cortex_worker import runtime
+from cortex_worker import handles as runtime
 from cortex_worker.settings import get_settings
 from tests import harness
 

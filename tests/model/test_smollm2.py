@@ -26,10 +26,10 @@ from cortex_worker.llm import gateway
 from cortex_worker.llm import grammar as gr
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.stream import TextDelta
-from cortex_worker.manifests import Registry
+from cortex_worker.manifests.loader import Registry
 from cortex_worker.protocol import parser as p
-from cortex_worker.relics.spec import BUILTIN_RELICS
-from cortex_worker.store import Store
+from cortex_worker.services.relics.spec import BUILTIN_RELICS
+from cortex_worker.store.state import Store
 from cortex_worker.testing import StubBroker
 from cortex_worker.tools.spec import BUILTIN_TOOLS
 from tests.model import agents

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from cortex_api.app import create_app
 from cortex_api.routes.registry import registry_dep
 from cortex_worker.agents.prompt import build_system_prompt
-from cortex_worker.manifests import ManifestError, Registry, UnknownAgentError, load_registry
+from cortex_worker.manifests.loader import ManifestError, Registry, UnknownAgentError, load_registry
 from cortex_worker.settings import Settings
 from cortex_worker.tools.spec import BUILTIN_TOOLS
 from tests.manifest_helpers import (

@@ -13,7 +13,7 @@ from celery.canvas import Signature
 from celery.canvas import _chain as chain
 from celery.canvas import _chord as chord
 
-from cortex_worker import dispatch, executor
+from cortex_worker.actions import dispatch, executor
 from cortex_worker.plan.canvas import CompactChain, compact, decompose, to_canvas
 from cortex_worker.plan.dag import build_plan
 from cortex_worker.protocol.actions import Action

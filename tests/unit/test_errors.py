@@ -22,17 +22,17 @@ from cortex_api import errors as api_errors
 from cortex_api.app import create_app
 from cortex_api.deps import get_store
 from cortex_api.routes import sessions
-from cortex_worker import jobs
 from cortex_worker.errors import ActionFailed, CortexError, SubmitError
+from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.llm.stream import ModelError
-from cortex_worker.manifests import (
+from cortex_worker.manifests.loader import (
     ManifestError,
     UnknownAgentError,
     UnknownWorkflowError,
     load_registry,
 )
 from cortex_worker.settings import Settings
-from cortex_worker.store import SessionBusy
+from cortex_worker.store.state import SessionBusy
 from cortex_worker.tools.errors import ToolError, ToolTimeout
 from tests.manifest_helpers import TEST_MANIFESTS
 
@@ -149,7 +149,7 @@ def test_action_failures_share_a_root_and_keep_their_names() -> None:
 def test_second_bases_are_kept_for_callers_that_catch_them() -> None:
     from cortex_api.auth import AuthConfigError
     from cortex_api.stack import StackError
-    from cortex_worker.feeds import FeedError
+    from cortex_worker.jobs.feeds import FeedError
     from cortex_worker.protocol.actions import ActionError
     from cortex_worker.protocol.lenient_json import JSONBodyError
     from cortex_worker.protocol.variables import PathError

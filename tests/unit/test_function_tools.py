@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from cortex_api.app import create_app
 from cortex_api.routes.registry import registry_dep
 from cortex_worker.agents.prompt import build_system_prompt
-from cortex_worker.manifests import ManifestError, load_registry
+from cortex_worker.manifests.loader import ManifestError, load_registry
 from cortex_worker.settings import Settings
 from cortex_worker.tools.context import ToolContext
 from cortex_worker.tools.errors import ToolError

@@ -26,8 +26,8 @@ from cortex_worker.llm import gateway
 from cortex_worker.llm import grammar as gr
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.stream import ModelError
-from cortex_worker.manifests import Registry
-from cortex_worker.relics.spec import BUILTIN_RELICS
+from cortex_worker.manifests.loader import Registry
+from cortex_worker.services.relics.spec import BUILTIN_RELICS
 from cortex_worker.tools.spec import BUILTIN_TOOLS, ToolSpec
 from cortex_worker.workflows.spec import WorkflowSpec
 from tests.fake_llm import FakeLLM, Turn

@@ -1,4 +1,4 @@
-"""The manifest loader (cortex_worker.manifests): registries, and errors naming file and field."""
+"""The manifest loader (cortex_worker.manifests.loader): registries, and errors naming file and field."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex_worker.manifests import BUILTIN_SOURCE, Registry, load_registry
+from cortex_worker.manifests.loader import BUILTIN_SOURCE, Registry, load_registry
 from cortex_worker.protocol.document import load_document
 from cortex_worker.tools.errors import ToolError
 from cortex_worker.tools.spec import BUILTIN_TOOLS, validate_parameters

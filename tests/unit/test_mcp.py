@@ -23,11 +23,11 @@ import mcp_types as types
 import pytest
 from pydantic import ValidationError
 
-from cortex_worker.manifests import load_registry
-from cortex_worker.mcp import client
-from cortex_worker.mcp.client import result_value
-from cortex_worker.mcp.manager import MCPManager
-from cortex_worker.mcp.spec import MCPServerSpec, needs_listing, tool_name
+from cortex_worker.manifests.loader import load_registry
+from cortex_worker.services.mcp import client
+from cortex_worker.services.mcp.client import result_value
+from cortex_worker.services.mcp.manager import MCPManager
+from cortex_worker.services.mcp.spec import MCPServerSpec, needs_listing, tool_name
 from cortex_worker.settings import Settings
 from cortex_worker.tools.context import ToolContext
 from cortex_worker.tools.errors import ToolError, ToolTimeout

@@ -1,4 +1,4 @@
-"""Owners of leases and containers (cortex_worker.owners): which holders are known dead."""
+"""Owners of leases and containers (cortex_worker.recovery.owners): which holders are known dead."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex_worker.owners import HOST, dead_here, owner
+from cortex_worker.recovery.owners import HOST, dead_here, owner
 
 pytestmark = pytest.mark.unit
 

@@ -18,7 +18,7 @@ from cortex_worker.agents.prompt import (
     tool_functions,
 )
 from cortex_worker.agents.spec import AgentSpec, InternalActionPolicy
-from cortex_worker.manifests import Registry, load_registry
+from cortex_worker.manifests.loader import Registry, load_registry
 from cortex_worker.protocol.document import load_document
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from cortex_worker import jobs, runtime
+from cortex_worker import handles as runtime
+from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.protocol.document import load_document
 from tests.manifest_helpers import EXAMPLE_MANIFESTS, REPO_ROOT
 

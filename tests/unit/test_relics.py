@@ -1,4 +1,4 @@
-"""Relics (cortex_worker.relics): manifests, naming operations, the built-ins, the lifecycle.
+"""Relics (cortex_worker.services.relics): manifests, naming operations, the built-ins, the lifecycle.
 
 The lifecycle tests run the real user-defined relic of the test manifests
 (tests/manifests/echo_relic.py, an http.server) and the kv tests a real redis-server
@@ -24,12 +24,12 @@ from fastapi.testclient import TestClient
 
 from cortex_api.app import create_app
 from cortex_api.routes.registry import registry_dep
-from cortex_worker.manifests import BUILTIN_SOURCE, Registry, load_registry
+from cortex_worker.manifests.loader import BUILTIN_SOURCE, Registry, load_registry
 from cortex_worker.protocol.document import load_document
-from cortex_worker.relics import builtin
-from cortex_worker.relics.manager import RelicManager
-from cortex_worker.relics.runner import namespace_of
-from cortex_worker.relics.spec import (
+from cortex_worker.services.relics import builtin
+from cortex_worker.services.relics.action import namespace_of
+from cortex_worker.services.relics.manager import RelicManager
+from cortex_worker.services.relics.spec import (
     BUILTIN_RELICS,
     RelicCallError,
     RelicSpec,
@@ -250,7 +250,7 @@ def test_document_check_defers_what_references_decide() -> None:
 
 
 def test_documents_with_relic_actions_are_checked() -> None:
-    from cortex_worker.jobs import check_document
+    from cortex_worker.jobs.lifecycle import check_document
 
     text = ('<action type="relic" id="a">{"name": "kv.set", "parameters": {"key": "k", '
             '"value": 1}}</action>\n'

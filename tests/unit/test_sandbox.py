@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cortex_worker.sandbox import process, runner, snippet
+from cortex_worker.sandbox import function_main as runner
+from cortex_worker.sandbox import process, snippet
 from cortex_worker.sandbox.process import SandboxError, kill_all, live_groups, run_sandboxed
 from cortex_worker.tools.spec import Limits
 
@@ -212,7 +213,7 @@ def run_runner(
     entrypoint: str, params: object, tmp_path: Path
 ) -> tuple[dict, process.SandboxResult]:
     result = run_sandboxed(
-        [PY, "-m", "cortex_worker.sandbox.runner", entrypoint],
+        [PY, "-m", "cortex_worker.sandbox.function_main", entrypoint],
         stdin=json.dumps(params).encode(),
         cwd=tmp_path,
         timeout=10,
@@ -239,7 +240,7 @@ def test_runner_result_line_survives_raw_writes(tmp_path: Path) -> None:
         "import os\ndef go():\n    os.write(1, b'raw, no newline')\n    return 1\n"
     )
     result = run_sandboxed(
-        [PY, "-m", "cortex_worker.sandbox.runner", "rawtool:go"],
+        [PY, "-m", "cortex_worker.sandbox.function_main", "rawtool:go"],
         stdin=b"{}",
         cwd=tmp_path,
         timeout=10,
@@ -258,7 +259,7 @@ def test_runner_steps_aside_for_the_worker_once_its_answer_is_out(tmp_path: Path
         "atexit.register(lambda: open(sys.argv[-1] + '.exit', 'w').write(str(os.nice(0))))\n"
         "def go():\n    return os.nice(0)\n")
     done = subprocess.run(
-        [PY, "-m", "cortex_worker.sandbox.runner", "nicetool:go"], input=b"{}", cwd=tmp_path,
+        [PY, "-m", "cortex_worker.sandbox.function_main", "nicetool:go"], input=b"{}", cwd=tmp_path,
         capture_output=True, timeout=20,
         env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO_ROOT}", "PYTHONDONTWRITEBYTECODE": "1"})
     before = os.nice(0)

@@ -27,7 +27,7 @@ from cortex_api.sse import (
     sse_comment,
     sse_message,
 )
-from cortex_worker.keys import channel
+from cortex_worker.store.keys import channel
 
 pytestmark = pytest.mark.unit
 

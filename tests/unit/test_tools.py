@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cortex_worker.manifests import Registry, load_registry
+from cortex_worker.manifests.loader import Registry, load_registry
 from cortex_worker.settings import Settings
 from cortex_worker.tools import calculator
 from cortex_worker.tools import http as http_tool

@@ -1,13 +1,13 @@
-"""Tracing is off unless an OTLP endpoint is set (`cortex_worker.tracing`)."""
+"""Tracing is off unless an OTLP endpoint is set (`cortex_worker.observability.tracing`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cortex_worker import tracing
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.sse import hand_over
 from cortex_worker.llm.stream import TextDelta
+from cortex_worker.observability import tracing
 
 pytestmark = pytest.mark.unit
 

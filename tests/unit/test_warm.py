@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from cortex_worker.sandbox import isolation, warm, zygote
+from cortex_worker.sandbox.function_main import parse_last_line
 from cortex_worker.sandbox.isolation import Isolation, interpreter_paths
 from cortex_worker.sandbox.process import (
     SandboxError,
@@ -30,7 +31,6 @@ from cortex_worker.sandbox.process import (
     live_groups,
     sandbox_env,
 )
-from cortex_worker.sandbox.runner import parse_last_line
 from cortex_worker.sandbox.warm import RUNNER, run_warm
 from cortex_worker.tools.spec import Limits
 

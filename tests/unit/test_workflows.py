@@ -18,16 +18,16 @@ from pydantic import ValidationError
 from cortex_api.app import create_app
 from cortex_api.models import JobCreate
 from cortex_api.routes.registry import registry_dep
-from cortex_worker import jobs
 from cortex_worker.actions.table import ACTION_TYPES, MANIFEST, Target
+from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker.jobs.record import JobRecord, encode
 from cortex_worker.llm.config import ModelConfig
-from cortex_worker.manifests import (
+from cortex_worker.manifests.loader import (
     UnknownWorkflowError,
     load_registry,
 )
 from cortex_worker.plan.canvas import decompose, to_canvas
 from cortex_worker.protocol.document import load_document
-from cortex_worker.record import JobRecord, encode
 from cortex_worker.settings import Settings
 from cortex_worker.workflows import (
     WorkflowSpec,

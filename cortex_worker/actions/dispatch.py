@@ -1,0 +1,208 @@
+"""Sending work to the pools: one action task per ready action, or one canvas per plan.
+
+Every message goes through the process's `Broker`: Celery's (`CeleryBroker`) unless
+`use_broker` swapped in another, such as `cortex_worker.testing.StubBroker`, which runs the
+engine in-process for tests.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
+
+from celery import Celery
+
+from cortex_worker.actions import table
+from cortex_worker.app import app
+from cortex_worker.handles import get_registry, get_store
+from cortex_worker.jobs import approvals
+from cortex_worker.plan.canvas import Step, to_canvas
+from cortex_worker.settings import get_settings
+
+#: Both dispatch paths run actions through this task: readiness sends (job id, action id,
+#: spec, True), a canvas step (job id, action id) only.
+ACTION_TASK = "cortex.action"
+START_TASK = "cortex.start_job"
+TURN_TASK = "cortex.agent_turn"
+INVOKE_TASK = "cortex.invoke"
+FEED_TASK = "cortex.feed_refresh"
+DEFERRED_TASK = "cortex.deferred_timeout"
+#: The tasks whose return value a sender waits for. Every other task is sent with
+#: `ignore_result`: outside a worker (the API) Celery would subscribe to its result channel
+#: at each send, a round trip and a subscription held until the handle is collected.
+RESULT_TASKS = frozenset({INVOKE_TASK})
+
+
+class Broker(Protocol):
+    """Where the engine's messages go. `CeleryBroker` is the default; a test installs another
+    with `use_broker` (see `cortex_worker.testing.StubBroker`)."""
+
+    def send_task(self, name: str, args: Sequence[Any], *, queue: str,
+                  task_id: str | None = None, countdown: float | None = None,
+                  argsrepr: str | None = None) -> Any:
+        """Send one task message to `queue` (run it in `countdown` seconds, if given). Returns
+        a handle of its result: `get(timeout=..., disable_sync_subtasks=...)` waits for the
+        task's return value and `forget()` drops it (only `invoke` uses them)."""
+        ...
+
+    def apply_canvas(self, signature: Any) -> Any:
+        """Send a Celery canvas (a chain, group or chord of task signatures, or one)."""
+        ...
+
+    def revoke(self, task_ids: Sequence[str]) -> None:
+        """The queued tasks of these ids never start; those running are terminated."""
+        ...
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Several `send_task` calls in a row (Celery's: through one producer)."""
+        ...
+
+
+class CeleryBroker:
+    """The broker of a Celery app: messages go to Redis, and the pools' workers run them."""
+
+    def __init__(self, celery: Celery) -> None:
+        self.app = celery
+        self._local = threading.local()  # the producer of a `batch` in this thread
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        if getattr(self._local, "producer", None) is not None:
+            yield  # nested: the outer batch's producer serves
+            return
+        with self.app.producer_or_acquire() as producer:
+            self._local.producer = producer
+            try:
+                yield
+            finally:
+                self._local.producer = None
+
+    def send_task(self, name: str, args: Sequence[Any], *, queue: str,
+                  task_id: str | None = None, countdown: float | None = None,
+                  argsrepr: str | None = None) -> Any:
+        return self.app.send_task(name, args=list(args), queue=queue, task_id=task_id,
+                                  countdown=countdown, argsrepr=argsrepr,
+                                  ignore_result=name not in RESULT_TASKS,
+                                  producer=getattr(self._local, "producer", None))
+
+    def apply_canvas(self, signature: Any) -> Any:
+        return signature.apply_async()
+
+    def revoke(self, task_ids: Sequence[str]) -> None:
+        self.app.control.revoke(list(task_ids), terminate=True, signal="SIGTERM")
+
+
+_broker: Broker = CeleryBroker(app)
+
+
+def current_broker() -> Broker:
+    """The broker dispatch sends through now."""
+    return _broker
+
+
+@contextmanager
+def use_broker(broker: Broker) -> Iterator[Broker]:
+    """Send every message of this process through `broker` within the block (any thread),
+    then through the one before it again."""
+    global _broker
+    previous, _broker = _broker, broker
+    try:
+        yield broker
+    finally:
+        _broker = previous
+
+
+def task_id(job_id: str, action_id: str) -> str:
+    """Deterministic Celery task id of an action, so it can be revoked by name."""
+    return f"{job_id}:{action_id}"
+
+
+def queue_of(spec: Mapping[str, Any]) -> str:
+    """The pool queue of an action (the action-type table's route)."""
+    return table.queue_of(get_registry(), spec)
+
+
+def _options(job_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    return {"queue": queue_of(spec), "task_id": task_id(job_id, spec["id"]),
+            "argsrepr": f"({job_id!r}, {spec['id']!r}, {spec['name']!r})"}
+
+
+def send(job_id: str, specs: Iterable[Mapping[str, Any]], countdown: float | None = None) -> None:
+    """Send one task per action (readiness dispatch); one that needs a person's approval is
+    held until it has it (`approvals.hold`)."""
+    specs = list(specs)
+    if not specs:
+        return
+    specs = approvals.hold(get_store(), job_id, specs, get_registry(), get_settings())
+    broker = _broker
+    with broker.batch():
+        for spec in specs:
+            broker.send_task(ACTION_TASK, [job_id, spec["id"], dict(spec), True],
+                             countdown=countdown, **_options(job_id, spec))
+
+
+def send_canvas(job_id: str, step: Step, specs: Mapping[str, Mapping[str, Any]]) -> None:
+    """Send a whole series-parallel plan as one canvas mirroring its structure."""
+    def signature(action_id: str) -> Any:
+        # Small: a chain's message carries every later step. Only the ids (the task reads the
+        # spec), no argsrepr (the args are the ids already), and an empty reply_to, which
+        # Celery would otherwise fill with a 36-character id per step that no Cortex result
+        # backend reads.
+        return app.signature(ACTION_TASK, args=[job_id, action_id], immutable=True,
+                             queue=queue_of(specs[action_id]), task_id=task_id(job_id, action_id),
+                             reply_to="")
+
+    _broker.apply_canvas(to_canvas(step, signature))
+
+
+def start_job(job_id: str) -> None:
+    """Queue the start of a job on the agent pool."""
+    _broker.send_task(START_TASK, [job_id], queue="agent", task_id=f"{job_id}:start")
+
+
+def agent_turn(job_id: str, countdown: float | None = None) -> None:
+    """Queue an agent job's next turn on the agent pool (in `countdown` seconds, if given)."""
+    _broker.send_task(TURN_TASK, [job_id], queue="agent", countdown=countdown,
+                      argsrepr=f"({job_id!r},)")
+
+
+def invoke(spec: Mapping[str, Any], *, timeout: float, job_id: str) -> Any:
+    """Run one target on its pool outside any plan and wait for its value (context feeds)."""
+    result = _broker.send_task(INVOKE_TASK, [job_id, dict(spec), timeout], queue=queue_of(spec),
+                               argsrepr=f"({job_id!r}, {spec['id']!r}, {spec['name']!r})")
+    try:
+        outcome = result.get(timeout=timeout + 5, disable_sync_subtasks=False)
+    finally:
+        result.forget()
+    if "error" in outcome:
+        raise RuntimeError(outcome["error"])
+    return outcome["value"]
+
+
+def deferred_timeout(job_id: str, action_id: str, countdown: float) -> None:
+    """Check, once the timeout has passed, that a deferred (child-job) action has ended."""
+    _broker.send_task(DEFERRED_TASK, [job_id, action_id], queue="agent", countdown=countdown,
+                      argsrepr=f"({job_id!r}, {action_id!r})")
+
+
+def refresh_feed(job_id: str, feed_id: str, generation: int, countdown: float) -> None:
+    """Schedule a periodic feed's next refresh on the agent pool."""
+    _broker.send_task(FEED_TASK, [job_id, feed_id, generation], queue="agent",
+                      countdown=countdown, argsrepr=f"({job_id!r}, {feed_id!r})")
+
+
+def refresh_feeds(job_id: str, feeds: Mapping[str, Any],
+                  generations: Mapping[str, int] | None = None) -> None:
+    """Start the refresh loop of each periodic feed (`FeedSpec`s by id)."""
+    for feed_id, feed in feeds.items():
+        if feed.type == "periodic" and feed.interval:
+            refresh_feed(job_id, feed_id, (generations or {}).get(feed_id, 0), countdown=0)
+
+
+def revoke(job_id: str, action_ids: Iterable[str]) -> None:
+    """Revoke actions: queued ones never start, running ones are terminated."""
+    ids = [task_id(job_id, a) for a in action_ids]
+    if ids:
+        _broker.revoke(ids)

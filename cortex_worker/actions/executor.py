@@ -1,0 +1,250 @@
+"""Running one action on a pool worker: claim it, substitute, run, record once, pass it on.
+
+Delivery is at least once; the `claim` and `finish` scripts make the result exactly once: a
+redelivered task whose result is recorded does not run again, it only re-sends what its end
+made ready (in case the worker died between recording and sending).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, Protocol
+
+from cortex_worker.actions import dispatch
+from cortex_worker.actions.call import Call, ChildJob, Deferred
+from cortex_worker.actions.table import ACTION_TYPES, runner_of
+from cortex_worker.errors import SubmitError
+from cortex_worker.handles import get_registry, get_store
+from cortex_worker.llm.stream import ModelError
+from cortex_worker.observability import tracing
+from cortex_worker.protocol.variables import find_references, substitute
+from cortex_worker.recovery.liveness import is_dead
+from cortex_worker.recovery.owners import owner
+from cortex_worker.settings import get_settings
+from cortex_worker.store.state import Store, dumps
+from cortex_worker.tools.errors import ToolError, ToolTimeout
+
+log = logging.getLogger(__name__)
+
+LEASE_GRACE_S = 30.0
+
+
+class JobHooks(Protocol):
+    """What the executor asks of the job layer above it, which installs itself at import
+    (`cortex_worker.jobs.lifecycle`): arrows point down, calls up go through here."""
+
+    def drained(self, store: Store, job_id: str) -> None:
+        """Nothing is left to wait for: end the job, or take the agent's next turn."""
+
+    def fail(self, store: Store, job_id: str, reason: str) -> None:
+        """End the job `failed` now (fail_fast)."""
+
+    def start_child(self, store: Store, job_id: str, action_id: str, child: ChildJob) -> None:
+        """Start the child job an action asked for; raises `SubmitError` if it cannot run."""
+
+
+_job_hooks: JobHooks | None = None
+
+
+def install_job_hooks(hooks: JobHooks) -> None:
+    """Called once by `cortex_worker.jobs.lifecycle` when it is imported."""
+    global _job_hooks
+    _job_hooks = hooks
+
+
+def _jobs() -> JobHooks:
+    if _job_hooks is None:
+        raise RuntimeError("no job layer installed: import cortex_worker.jobs.lifecycle first")
+    return _job_hooks
+
+
+def action_timeout(spec: Mapping[str, Any]) -> float:
+    """The action's own timeout, else its type's for its target (a tool's), else the default."""
+    if spec.get("timeout"):
+        return float(spec["timeout"])
+    own = ACTION_TYPES[spec["type"]].timeout(get_registry(), spec["name"])
+    return own if own is not None else get_settings().default_action_timeout_s
+
+
+def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: bool,
+            again: Callable[[float], NoReturn] | None = None) -> str:
+    """Run one action; `trigger` sends its ready dependents (readiness dispatch).
+
+    Canvas steps (`trigger` false) carry no spec (a chain message holds every later step): it
+    is read here. When another delivery holds the action, `again(countdown)` has this one
+    delivered again (it raises: a canvas step's task retries itself); without it a new
+    readiness task is sent.
+    """
+    store = get_store()
+    if spec is None:
+        spec = store.spec(job_id, action_id)
+        if spec is None:
+            return "stop"  # the job has expired
+    timeout = action_timeout(spec)
+    lease = timeout + LEASE_GRACE_S
+    limit = ACTION_TYPES[spec["type"]].concurrency(get_registry(), spec["name"])
+    if limit is None:
+        return _claim_and_run(store, job_id, action_id, spec, trigger, timeout, lease, again)
+    # max_concurrency: a slot first (nothing is claimed or logged while the action waits)
+    holder = f"{job_id}:{action_id}"
+    waiting = {"job_id": job_id, "spec": spec} if trigger else None
+    if not store.take_slot(spec["name"], holder, limit, lease, waiting):
+        if again is not None:
+            again(1.0)  # a canvas step keeps its place in its chain (its task retries)
+        store.throttle(job_id, action_id)  # it is sent again when a slot frees
+        return "throttled"
+    state = ""
+
+    def held_elsewhere(wait: float) -> NoReturn:
+        nonlocal state
+        state = "busy"
+        assert again is not None
+        again(wait)
+
+    try:
+        state = _claim_and_run(store, job_id, action_id, spec, trigger, timeout, lease,
+                               held_elsewhere if again is not None else None)
+        return state
+    finally:
+        # "busy": another delivery of this action runs it, in the slot this one found its
+        # holder had (a redelivered task): that delivery gives it back when it ends
+        if state != "busy":
+            for entry in store.give_slot(spec["name"], holder, limit):
+                dispatch.send(entry["job_id"], [entry["spec"]])
+
+
+def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, Any],
+                   trigger: bool, timeout: float, lease: float,
+                   again: Callable[[float], NoReturn] | None) -> str:
+    names = sorted(find_references(spec.get("parameters", {})))
+    claim = store.claim(job_id, action_id, owner(), lease, names)
+    if claim[0] == "busy" and is_dead(store, claim[1]):  # its holder died: take it over
+        claim = store.claim(job_id, action_id, owner(), lease, names, force=True)
+    state = claim[0]
+    if state == "busy":
+        # Another delivery runs it. Look again when its lease runs out (at most 5 s from now),
+        # in a later delivery: nothing waits in this worker slot. A canvas step must not end
+        # before its action has (its chain would move on), so the step itself comes back
+        # (`again`); a readiness task is sent again.
+        wait = max(0.5, min(float(claim[2]) - time.time(), 5.0))
+        if again is not None:
+            again(wait)
+        dispatch.send(job_id, [spec], countdown=wait)
+        return "busy"
+    if state != "run":
+        if state == "done" and trigger:
+            dispatch.send(job_id, store.queued_dependents(job_id, action_id))
+            _jobs().drained(store, job_id)
+        return state
+
+    attempt = int(claim[1])
+    lookup = {n: json.loads(v) for n, v in zip(names, claim[2:], strict=True) if v is not None}
+    params, unresolved = substitute(spec.get("parameters", {}), lookup)
+    if unresolved:
+        store.emit(job_id, [("warning", {
+            "kind": "unresolved_reference", "action_id": action_id,
+            "message": f"{u.text} in action {action_id!r} was left as written: {u.reason}"})
+            for u in unresolved])
+    started = time.time()
+    with tracing.action_span(job_id, spec, attempt) as span:
+        status, value, error = _run(job_id, action_id, spec, params, timeout)
+        tracing.outcome(span, status, error)
+    finished = time.time()
+    if status == "deferred":  # a child job will record the outcome, unless time runs out
+        if spec.get("timeout"):
+            dispatch.deferred_timeout(job_id, action_id, countdown=float(spec["timeout"]))
+        return status
+
+    if status != "ok" and attempt <= int(spec.get("retry") or 0):
+        if store.retry(job_id, action_id, {"action_id": action_id, "attempt": attempt,
+                                           "status": status, "error": error}):
+            time.sleep(min(0.1 * 2 ** (attempt - 1), 5.0))
+            return execute(job_id, action_id, spec, trigger, again)
+        return "stop"
+    return _record(store, job_id, action_id, spec, trigger, status, value, error, attempt,
+                   started, finished)
+
+
+def _run(job_id: str, action_id: str, spec: Mapping[str, Any], params: Any,
+         timeout: float) -> tuple[str, Any, str | None]:
+    """Run the action's target; returns (status, value, error) and never raises."""
+    try:
+        if spec["type"] not in ACTION_TYPES:
+            raise ToolError(f"{spec['type']} actions cannot run in this version")
+        value = runner_of(spec["type"])(Call(job_id, action_id, spec, params, timeout, get_settings()))
+        return "ok", value, None
+    except Deferred as deferred:  # the action goes on in a child job
+        try:
+            _jobs().start_child(get_store(), job_id, action_id, deferred.child)
+        except SubmitError as exc:
+            return "error", None, exc.message
+        return "deferred", None, None
+    except ToolTimeout as exc:
+        return "timeout", None, str(exc)
+    except ModelError as exc:
+        return "error", None, f"model error: {exc}"
+    except ToolError as exc:
+        return "error", None, str(exc)
+    except Exception as exc:  # a bug in a tool must not take the worker down
+        log.exception("action %s of job %s crashed", action_id, job_id)
+        return "error", None, f"{type(exc).__name__}: {exc}"
+
+
+def invoke(job_id: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run a target outside any plan: `{"value": ...}` or `{"error": "..."}`, never raises."""
+    status, value, error = _run(job_id, spec["id"], spec, spec.get("parameters", {}), timeout)
+    if status == "ok":
+        return {"value": value}
+    return {"error": error or f"{spec['type']} {spec['name']!r} cannot run here ({status})"}
+
+
+def record_outcome(store: Store, job_id: str, action_id: str, spec: Mapping[str, Any],
+                   status: str, value: Any, error: str | None, *, trigger: bool = True,
+                   attempt: int = 1, started: float | None = None,
+                   finished: float | None = None) -> str:
+    """Record an action's end (once), send what it made ready, and act on a drained job."""
+    now = time.time()
+    return _record(store, job_id, action_id, spec, trigger, status, value, error, attempt,
+                   started or now, finished or now)
+
+
+def _record(store: Store, job_id: str, action_id: str, spec: Mapping[str, Any], trigger: bool,
+            status: str, value: Any, error: str | None, attempt: int, started: float,
+            finished: float) -> str:
+    limit = get_settings().max_output_bytes
+    truncated = False
+    if status == "ok":
+        text = dumps(value)
+        if len(text.encode()) > limit:
+            cut = text.encode()[:limit].decode(errors="ignore")
+            value = f"{cut}…[truncated: {len(text.encode()) - limit} more bytes]"
+            truncated = True
+    duration_ms = round((finished - started) * 1000, 3)
+    record = {"status": status, "started_at": started, "finished_at": finished,
+              "duration_ms": duration_ms, "attempt": attempt}
+    data: dict[str, Any] = {"action_id": action_id, "status": status, "duration_ms": duration_ms}
+    if status == "ok":
+        record["value"] = data["result"] = value
+        if truncated:
+            record["truncated"] = data["truncated"] = True
+        var, event = value, "action_completed"
+    else:
+        record["error"] = data["error"] = error
+        var, event = {"error": error, "status": status}, "action_failed"
+    result = store.finish(job_id, action_id, status, record, var, spec.get("output_key"),
+                          (event, data))
+    if not result.recorded:
+        return "duplicate"
+    if status != "ok":
+        job = store.peek(job_id, "options")
+        if job is not None and job.options.fail_fast:
+            _jobs().fail(store, job_id, f"fail_fast: action {action_id!r} ended {status}: {error}")
+            return status
+    if trigger and result.ready:
+        dispatch.send(job_id, result.ready)
+    if result.drained:
+        _jobs().drained(store, job_id)
+    return status

@@ -1,0 +1,38 @@
+"""Process-wide handles: settings, the state store and the manifest registry."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from cortex_worker.jobs.ends import JobEnds
+from cortex_worker.manifests.loader import Registry, load_registry
+from cortex_worker.settings import get_settings
+from cortex_worker.store.state import Store
+
+
+@lru_cache(maxsize=1)
+def get_store() -> Store:
+    """The process's `Store` (one Redis connection pool)."""
+    return Store.from_url(get_settings().redis_url)
+
+
+@lru_cache(maxsize=1)
+def get_registry() -> Registry:
+    """Manifests from `CORTEX_MANIFESTS`, validated once per process."""
+    settings = get_settings()
+    return load_registry(settings.manifests, settings.tool_modules)
+
+
+@lru_cache(maxsize=1)
+def get_job_ends() -> JobEnds:
+    """The process's listener for job ends (one pub/sub connection, started on first use)."""
+    return JobEnds(get_store().redis)
+
+
+def reset() -> None:
+    """Drop the handles, so the next use reads the environment again (tests that point this
+    process at another Redis or manifests); the job-end listener is stopped first."""
+    if get_job_ends.cache_info().currsize:
+        get_job_ends().close()
+    for cached in (get_job_ends, get_registry, get_store, get_settings):
+        cached.cache_clear()

@@ -1,0 +1,68 @@
+"""Actions that wait for a person: which ones, and holding them until someone answers.
+
+An action whose target requires approval (a tool's `require_approval`, or its agent's
+`approval.require`) is not sent when it becomes ready. `hold` records a request instead: the
+action's status becomes `awaiting_approval` (it holds no worker slot, and blocks only what its
+mode and dependencies would block anyway) and `approval_requested` shows its parameters after
+substitution. `jobs.decide_approval` records the answer once: approved, the action is queued
+and sent; rejected (by a person, or by the reconciler when the request expires), it fails
+with the reason, which the model reads as the action's error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from cortex_worker.manifests.loader import Registry
+from cortex_worker.protocol.variables import find_references, substitute
+from cortex_worker.settings import Settings
+from cortex_worker.store.state import Store
+
+AWAITING = "awaiting_approval"
+
+
+def required(spec: Mapping[str, Any], registry: Registry) -> bool:
+    """Whether this action waits for a person before it runs."""
+    tool = registry.tools.get(spec["name"]) if spec.get("type") == "tool" else None
+    if tool is not None and tool.require_approval:
+        return True
+    agent = registry.agents.get(spec.get("agent") or "")
+    return agent is not None and agent.approval.requires(spec["name"])
+
+
+def timeout_s(spec: Mapping[str, Any], registry: Registry, settings: Settings) -> float:
+    """How long a request may go unanswered before it is rejected."""
+    agent = registry.agents.get(spec.get("agent") or "")
+    own = agent.approval.timeout_s if agent is not None else None
+    return own if own is not None else settings.approval_timeout_s
+
+
+def hold(store: Store, job_id: str, specs: Iterable[Mapping[str, Any]], registry: Registry,
+         settings: Settings) -> list[Mapping[str, Any]]:
+    """The actions to send now: those needing no approval, and approved ones. Each other one
+    is held: a request is made for it (once), or it already waits, or it was rejected."""
+    send: list[Mapping[str, Any]] = []
+    for spec in specs:
+        if not required(spec, registry):
+            send.append(spec)
+            continue
+        parameters = _shown(store, job_id, spec.get("parameters", {}))
+        wait = timeout_s(spec, registry, settings)
+        now = time.time()
+        record = {"state": "requested", "requested_at": now, "timeout_s": wait,
+                  "expires_at": now + wait}
+        event = {"action_id": spec["id"], "type": spec["type"], "name": spec["name"],
+                 "parameters": parameters, "timeout_s": wait, "expires_at": now + wait}
+        if store.request_approval(job_id, spec["id"], record, event) == "approved":
+            send.append(spec)
+    return send
+
+
+def _shown(store: Store, job_id: str, parameters: Any) -> Any:
+    """The parameters as the action will get them (its dependencies have ended)."""
+    names = find_references(parameters)
+    if not names:
+        return parameters
+    return substitute(parameters, store.variables(job_id, names))[0]

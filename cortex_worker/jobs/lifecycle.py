@@ -1,0 +1,414 @@
+"""The job state machine: submit, start, drain, finish and cancel, for every kind.
+
+What differs between documents, workflows and agents is asked of their `kinds.JobKind`;
+the moves are made here, and `end_job` is the one place any job ends. The API calls
+`submit_*` and `cancel_job`; the `agent` pool runs `start_job` and the agent turns
+(`coordinator`); the worker that finishes a job's last action calls `on_drained`, and one
+that runs an agent or workflow action calls `submit_child`, through the hooks this module
+installs in the executor (which sits below the jobs and never imports them).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from cortex_worker.actions import dispatch, executor
+from cortex_worker.actions.call import ChildJob
+from cortex_worker.actions.table import ACTION_TYPES, Target
+from cortex_worker.errors import SubmitError
+from cortex_worker.handles import get_registry
+from cortex_worker.jobs import approvals
+from cortex_worker.jobs.kinds import KINDS, Start
+from cortex_worker.jobs.options import JobOptions
+from cortex_worker.jobs.record import DEFAULT_TENANT, JobKindName, JobRecord
+from cortex_worker.observability import tracing
+from cortex_worker.plan.canvas import decompose
+from cortex_worker.plan.dag import Plan
+from cortex_worker.protocol.actions import Action
+from cortex_worker.protocol.document import Document, load_document
+from cortex_worker.recovery.owners import CHILD_OWNER
+from cortex_worker.settings import Settings, get_settings
+from cortex_worker.store.state import SessionTurn, Store, dumps
+from cortex_worker.workflows import spec as wf
+
+
+def _problem(kind: str, message: str, line: int = 1, column: int = 1) -> dict[str, Any]:
+    return {"kind": kind, "message": message, "line": line, "column": column}
+
+
+def check_document(doc: Document) -> list[dict[str, Any]]:
+    """Errors that stop a parsed document from running here: parse, plan and registry errors."""
+    errors = [{k: e[k] for k in ("kind", "message", "line", "column")} for e in doc.errors]
+    settings = get_settings()
+    if len(doc.actions) > settings.max_actions_per_job:
+        errors.append(_problem("too_many_actions", f"{len(doc.actions)} actions; at most "
+                               f"{settings.max_actions_per_job} are allowed per job"))
+    registry = get_registry()
+    for action in doc.actions:
+        target = Target(f"action {action.id!r}", action.name, action.parameters, registry, settings)
+        errors.extend(_problem(kind, message, action.line, action.column)
+                      for kind, message in ACTION_TYPES[action.type.value].check(target))
+    return errors
+
+
+#: How deep jobs may nest (a child's depth is its parent's + 1), unless the parent is an agent
+#: job: then its manifest's `max_depth` is the limit.
+MAX_DEPTH = 8
+
+
+def model_of_document(settings: Settings, options: JobOptions) -> dict[str, Any]:
+    """The `model` field of a document job (its llm actions'): `document_model`, with the
+    job option `model` as its model name."""
+    model = settings.document_model
+    if model is None:
+        return {}
+    return {"model": model.named(options.model).model_dump(mode="json")}
+
+
+def submit_document(store: Store, text: str, *, options: JobOptions | None = None,
+                    tenant: str | None = None) -> str:
+    """Validate `text`, create its job and queue its start; returns the job id."""
+    settings = get_settings()
+    options = options or JobOptions()
+    size = len(text.encode())
+    if size > settings.max_document_bytes:
+        raise SubmitError("document too large", [_problem(
+            "too_large", f"document is {size} bytes; the limit is {settings.max_document_bytes}")])
+    doc = load_document(text)
+    errors = check_document(doc)
+    if errors:
+        raise SubmitError(f"the document has {len(errors)} error(s)", errors)
+    return _create(store, "document", {
+        "document": text,
+        "responses": [{"final": r["final"], "text": r["text"]} for r in doc.responses],
+        **model_of_document(settings, options),
+    }, {"actions": len(doc.actions)}, options=options, tenant=tenant)
+
+
+def submit_workflow(store: Store, name: str, inputs: Any, *, options: JobOptions | None = None,
+                    parent: tuple[str, str] | None = None, depth: int = 0,
+                    tenant: str | None = None) -> str:
+    """Validate `inputs`, create the workflow's job and queue its start; returns the job id.
+    The job's actions are the workflow's steps; its `inputs` variable is the inputs object
+    (the schema's top-level defaults filled in)."""
+    registry = get_registry()
+    flow = registry.workflows.get(name)
+    if flow is None:
+        known = ", ".join(sorted(registry.workflows)) or "none"
+        message = f"no workflow named {name!r} (registered: {known})"
+        raise SubmitError(message, [_problem("unknown_workflow", message)])
+    if isinstance(inputs, dict):
+        inputs = wf.prepare_inputs(flow, inputs)
+    problems = wf.input_errors(flow, inputs)
+    if problems:
+        errors = [{**_problem("invalid_inputs", f"workflow {name!r}: {text}"), "path": path}
+                  for path, text in problems]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise SubmitError(errors[0]["message"] + more, errors)
+    actions = flow.actions()
+    fields: dict[str, Any] = {
+        "workflow": flow.name, "inputs": inputs,
+        "actions": [a.model_dump(mode="json") for a in actions],
+        "output": {"template": flow.output, "default": flow.last_step},
+    }
+    if flow.model is not None:
+        fields["model"] = flow.model.model_dump(mode="json")
+    return _create(store, "workflow", fields, {"workflow": flow.name, "steps": len(actions)},
+                   options=options, parent=parent, depth=depth, tenant=tenant,
+                   variables={wf.INPUTS: inputs})
+
+
+def submit_agent(store: Store, agent: str, text: str, *, options: JobOptions | None = None,
+                 parent: tuple[str, str] | None = None, depth: int = 0,
+                 history: list[dict[str, Any]] | None = None, session: SessionTurn | None = None,
+                 tenant: str | None = None) -> str:
+    """Create an agent job (`agent` must be registered) and queue its first turn; with
+    `session`, as that session's next message (SessionBusy if it cannot take one now)."""
+    spec = get_registry().agent(agent)
+    fields: dict[str, Any] = {"agent": spec.name, "input": text}
+    periodic = {f.id: f for f in spec.context_feeds if f.type == "periodic" and f.enabled}
+    return _create(store, "agent", fields, {"agent": spec.name}, options=options,
+                   parent=parent, depth=depth, tenant=tenant, history=history,
+                   feeds=periodic, session=session)
+
+
+def _create(store: Store, kind: JobKindName, fields: dict[str, Any], queued: dict[str, Any], *,
+            options: JobOptions | None, parent: tuple[str, str] | None = None, depth: int = 0,
+            tenant: str | None = None, variables: dict[str, Any] | None = None,
+            history: list[dict[str, Any]] | None = None, feeds: dict[str, Any] | None = None,
+            session: SessionTurn | None = None) -> str:
+    """The bookkeeping every kind shares: create the record, link a child to its parent, and
+    queue the first step. A child of an action (`parent`: job id, action id) gets an id
+    derived from them, so a redelivered action finds its job instead of starting another
+    (and re-sends its start, which may never have been sent)."""
+    settings = get_settings()
+    options = options or JobOptions()
+    if parent:  # one child per parent action, even if its task is delivered twice
+        job_id = child_job_id(*parent)
+        existing = store.peek(job_id, "status")
+        if existing is not None:
+            if existing.status == "queued":
+                KINDS[kind].send_start(job_id)
+            return job_id
+        tenant = (store.peek(parent[0], "tenant") or JobRecord(id="")).tenant  # never leaves it
+    else:
+        job_id = uuid.uuid4().hex
+    record: dict[str, Any] = {
+        "kind": kind, "tenant": tenant or DEFAULT_TENANT, "options": options, "depth": depth,
+        "limit": options.max_parallel or settings.max_parallel_actions, **fields}
+    if session:
+        record["session"] = session.session_id
+    if parent:
+        record.update(parent_job=parent[0], parent_action=parent[1])
+    links = {"parent_job": parent[0], "parent_action": parent[1], "depth": depth} if parent else {}
+    # a session's message is recorded with the job, before the job can reply to it
+    store.create_job(job_id, record, settings.event_retention_s,
+                     [("job_queued", {"kind": kind, **queued, **links})], session=session)
+    store.set_variables(job_id, variables or {})
+    if history:
+        store.append_conversation(job_id, *history)
+    if parent and not _adopt(store, parent, job_id):
+        return job_id
+    if feeds:  # an agent's periodic context feeds refresh from its creation on
+        dispatch.refresh_feeds(job_id, feeds)
+    KINDS[kind].send_start(job_id)
+    return job_id
+
+
+def submit_child(store: Store, job_id: str, action_id: str, child: ChildJob) -> str:
+    """Start the child job an action asked for (once: its id is derived from the action).
+    The one nesting rule: a child's depth (its parent's + 1) may not exceed `MAX_DEPTH`, or
+    an agent parent's `max_depth`. The child inherits the parent's options."""
+    parent = store.peek(job_id, "kind", "agent", "depth", "options")
+    if parent is None:
+        raise SubmitError(f"job {job_id} has expired", [])
+    limit = MAX_DEPTH
+    if parent.kind == "agent" and parent.agent in get_registry().agents:
+        limit = get_registry().agents[parent.agent].max_depth
+    depth = parent.depth + 1
+    if depth > limit:
+        message = f"{child.kind} {child.name!r}: nesting depth limit ({limit}) reached"
+        raise SubmitError(message, [_problem("too_deep", message)])
+    link = (job_id, action_id)
+    if child.kind == "agent":
+        child_id = submit_agent(store, child.name, child.input, parent=link, depth=depth)
+    else:
+        child_id = submit_workflow(store, child.name, child.input, options=parent.options,
+                                   parent=link, depth=depth)
+    store.hand_over(job_id, action_id, CHILD_OWNER + child_id)  # its worker is free to go
+    return child_id
+
+
+def _adopt(store: Store, parent: tuple[str, str], child: str) -> bool:
+    """Link a new child job to its parent. False if the parent has ended: the child is then
+    cancelled here, since the parent's own cancel may have listed its children before this one
+    was added (it adds before it looks; a parent ends before it lists)."""
+    store.add_child(parent[0], child)
+    store.emit(parent[0], [("child_job", {"action_id": parent[1], "job_id": child})], live=True)
+    status = store.peek(parent[0], "status")
+    if status is not None and not status.ended:
+        return True
+    cancel_job(store, child, reason=f"its parent job {parent[0]} ended")
+    return False
+
+
+def action_entry(plan: Plan, action_id: str,
+                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The stored form of a planned action (as the `register` script and tasks take it);
+    `extra` adds spec fields (what the action inherits from its job)."""
+    node = plan.nodes[action_id]
+    spec = {**node.action.model_dump(mode="json"), **(extra or {})}
+    spec["depends_on"], spec["after"] = list(node.depends_on), list(node.after)
+    return {"id": action_id, "spec": json.dumps(spec), "deps": list(node.depends_on),
+            "after": list(node.after), "on_error": node.action.on_error.value}
+
+
+def start_job(store: Store, job_id: str) -> None:
+    """Run a queued document or workflow job (the start task, on the agent pool): log its
+    start, seed its variables, dispatch what is ready (see `start_plan`)."""
+    job = store.get_job(job_id)
+    if job is None or job.status not in ("queued", "running"):
+        return
+    start = KINDS[job.kind].start(store, job)
+    if start is not None:
+        start_plan(store, job, start)
+
+
+def _inherited(job: JobRecord, action: Action) -> dict[str, Any]:
+    """Spec fields an action takes from its job: nesting depth, and llm actions' model."""
+    extra: dict[str, Any] = {}
+    if job.depth:
+        extra["depth"] = job.depth
+    if action.type.value == "llm" and job.model:
+        extra["model"] = job.model
+    return extra
+
+
+def start_plan(store: Store, job: JobRecord, start: Start) -> None:
+    """Start a job whose whole plan is known (a document, a workflow): log its events, seed
+    its variables, register every action, and dispatch: one canvas mirroring a
+    series-parallel plan, otherwise each action when it is ready."""
+    job_id, plan = job.id, start.plan
+    store.set_variables(job_id, start.variables)  # first: a start redelivered later finds them
+    begun = store.begin(job_id, start.events)  # atomic: a job cancelled meanwhile stays cancelled
+    if begun == "ended":
+        return
+    redelivered = begun == "running"  # a worker died while starting it
+    step = None
+    entries = [action_entry(plan, a, _inherited(job, plan.nodes[a].action)) for a in plan.nodes]
+    gated = any(approvals.required(json.loads(e["spec"]), get_registry()) for e in entries)
+    if not gated and (job.options.canvas if job.options.canvas is not None
+                      else get_settings().canvas):  # a chain cannot wait for a person
+        step = decompose(plan)
+        if step is not None and step.width() > job.limit:
+            step = None
+    store.set_job(job_id, dispatch="canvas" if step else "readiness")
+    result = store.register(job_id, entries, close=True)
+    if not result.recorded:
+        return  # cancelled while starting
+    if step is not None:
+        specs = {e["id"]: json.loads(e["spec"]) for e in entries}
+        dispatch.send_canvas(job_id, step, specs)
+    else:
+        ready = {r["id"] for r in result.ready}
+        if redelivered:  # what was queued may never have been sent; duplicates are harmless
+            ready |= store.ids_with_status(job_id, "queued")
+        dispatch.send(job_id, [json.loads(e["spec"]) for e in entries if e["id"] in ready])
+    if result.drained:
+        on_drained(store, job_id)
+
+
+def on_drained(store: Store, job_id: str) -> None:
+    """Nothing is left to wait for: the job's kind says whether it is done (an agent job
+    takes its next turn instead)."""
+    job = store.get_job(job_id)
+    if job is None or job.status != "finishing":
+        return
+    if KINDS[job.kind].on_drained(store, job):
+        finalize(store, job)
+
+
+def child_job_id(parent_job: str, parent_action: str) -> str:
+    """The id of the one child job an agent or workflow action starts (stable on redelivery)."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"cortex:{parent_job}:{parent_action}").hex
+
+
+def finalize(store: Store, job: JobRecord) -> None:
+    """End a drained job with its kind's outcome (once)."""
+    outcome = KINDS[job.kind].finish(store, job)
+    summary = {"status": outcome.status, "result": outcome.result, "error": outcome.error or None,
+               "duration_ms": round((time.time() - job.begun_at) * 1000, 3)}
+    result = outcome.result
+    text = "" if result is None else result if isinstance(result, str) else dumps(result)
+    end_job(store, job.id, outcome.status, summary, {"result": text, "error": outcome.error},
+            events=outcome.events, only_if="finishing", result=result)
+
+
+def end_job(store: Store, job_id: str, status: str, data: dict[str, Any],
+            fields: dict[str, Any], *, events: Sequence[tuple[str, dict[str, Any]]] = (),
+            only_if: str = "", result: Any = None, notify: bool = True,
+            job: JobRecord | None = None) -> bool:
+    """The one place a job ends, whatever its kind: log `events` and `job_<status>` (`data`),
+    cancel what is unfinished (unless it completed), revoke what runs, cancel its children,
+    and hand the outcome (`result`, or `data["error"]`) to the action that started it (unless
+    `notify` is False: that action ends otherwise). False if it had already ended (or was
+    not `only_if`). `job`: its record, if the caller has just read it (`close` checks its
+    status again)."""
+    job = job or store.get_job(job_id)
+    if job is None or job.ended:
+        return False
+    error = data.get("error") or data.get("reason")
+    KINDS[job.kind].ending(store, job, status, result, error)
+    kind = {"completed": "job_completed", "cancelled": "job_cancelled"}.get(status, "job_failed")
+    ended = store.close(job_id, status, fields, [*events, (kind, data)], only_if=only_if)
+    if ended is None:
+        return False
+    dispatch.revoke(job_id, ended)
+    tracing.record_job(job_id, job.created_at, status, {
+        "cortex.job.kind": job.kind, "cortex.agent": job.agent or "", **(
+            {"error.type": "job_" + status, "cortex.job.error": str(error)} if error else {})})
+    if status != "completed":
+        cancel_children(store, job_id)
+    if notify:
+        _notify_parent(store, job, status, result, error)
+    return True
+
+
+def cancel_job(store: Store, job_id: str, *, status: str = "cancelled",
+               reason: str = "cancelled by request", notify: bool = True) -> bool:
+    """End a job now (cancel, or `failed` for fail_fast). False if it had already ended."""
+    return end_job(store, job_id, status, {"status": status, "reason": reason}, {"error": reason},
+                   notify=notify)
+
+
+def cancel_children(store: Store, job_id: str) -> None:
+    """Cancel the child jobs (agent and workflow actions) of a job that ended early."""
+    for child in store.children(job_id):
+        cancel_job(store, child, reason=f"its parent job {job_id} ended")
+
+
+def _notify_parent(store: Store, job: JobRecord, status: str, result: Any,
+                   error: str | None) -> None:
+    """A child job ended: its outcome completes or fails the parent's action."""
+    if job.parent is None:
+        return
+    parent, action_id = job.parent
+    spec = store.spec(parent, action_id) or {"id": action_id}
+    if status == "completed":
+        executor.record_outcome(store, parent, action_id, spec, "ok", result, None, trigger=True)
+    else:
+        executor.record_outcome(store, parent, action_id, spec, "error", None,
+                                f"{job.kind} job {job.id} {status}: {error}", trigger=True)
+
+
+def expire_deferred(store: Store, job_id: str, action_id: str) -> None:
+    """A child-job action's timeout ran out: it ends `timeout` and its child is cancelled."""
+    spec = store.spec(job_id, action_id)
+    if spec is None or store.results(job_id, [action_id]):
+        return  # the child ended in time (or the job expired)
+    message = f"timed out after {spec['timeout']:g}s; its child job was cancelled"
+    # the child first (its end does not record the action: the timeout does), since
+    # recording the timeout may end the parent, which would cancel the child for that reason
+    cancel_job(store, child_job_id(job_id, action_id), reason=f"the action {action_id!r} of job "
+               f"{job_id} that started it timed out", notify=False)
+    executor.record_outcome(store, job_id, action_id, spec, "timeout", None, message)
+
+
+def decide_approval(store: Store, job_id: str, action_id: str, *, approve: bool,
+                    by: str, reason: str | None = None) -> str:
+    """Answer an action's approval request (once): approved, it is sent; rejected, it fails
+    with the reason, which the model reads as its error. Returns "approved" or "rejected" when
+    this call decided, else what stood in the way: "was_approved" or "was_rejected", "none"
+    (nothing was requested) or "ended" (the job)."""
+    decision = "approved" if approve else "rejected"
+    event = {"action_id": action_id, "by": by, "reason": reason}
+    outcome = store.decide_approval(job_id, action_id, decision, event)
+    spec = store.spec(job_id, action_id)
+    if outcome != decision or spec is None:
+        return outcome
+    if approve:
+        dispatch.send(job_id, [spec])
+    else:
+        executor.record_outcome(store, job_id, action_id, spec, "error", None,
+                                f"rejected by {by}: {reason or 'no reason given'}")
+    return outcome
+
+
+class _Hooks:
+    """What the executor asks of the job layer (see `executor.JobHooks`)."""
+
+    def drained(self, store: Store, job_id: str) -> None:
+        on_drained(store, job_id)
+
+    def fail(self, store: Store, job_id: str, reason: str) -> None:
+        cancel_job(store, job_id, status="failed", reason=reason)
+
+    def start_child(self, store: Store, job_id: str, action_id: str, child: ChildJob) -> None:
+        submit_child(store, job_id, action_id, child)
+
+
+executor.install_job_hooks(_Hooks())

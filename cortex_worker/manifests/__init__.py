@@ -1,0 +1,1 @@
+"""Manifests: every `kind:` loaded from a directory and linked into one `Registry`."""

@@ -1,0 +1,1 @@
+"""What Cortex shows other tools: traces, Prometheus metrics, Celery task events (Flower)."""

@@ -1,0 +1,1 @@
+"""Recovery from Cortex's own state: liveness (heartbeats), owners, the reconciler."""

@@ -1,0 +1,1 @@
+"""Long-lived processes: relics (`kind: Relic`) and MCP servers (`kind: MCPServer`)."""

@@ -1,0 +1,85 @@
+"""The text chunks of every turn this process generates, logged together.
+
+A turn's thought and response chunks may wait up to `every_s` before they are logged. One
+`emit` per stream per interval cost an agent worker as much CPU as reading the streams
+(docs/performance.md): here one thread logs every turn's pending chunks in one Redis round
+trip (a pipeline of `emit` scripts). A turn that must log at once (before it registers an
+action, at a sync stop, at its end) calls `flush`, which writes its own pending events first:
+events of one job are always logged in the order they were added.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from cortex_worker.store.state import Store
+
+log = logging.getLogger(__name__)
+
+Events = list[tuple[str, dict[str, Any]]]
+
+
+class ChunkWriter:
+    """Pending chunk events per job, written by one daemon thread every `every_s`."""
+
+    def __init__(self, store: Store, every_s: float,
+                 prepare: Callable[[Events], Events] = list) -> None:
+        self.store, self.every_s, self.prepare = store, every_s, prepare
+        self._pending: dict[str, Events] = {}
+        self._lock = threading.Lock()  # guards _pending
+        self._writing = threading.Lock()  # held while events are written: keeps each job's order
+        self._thread: threading.Thread | None = None
+
+    def add(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """Log these events within `every_s`, after the job's earlier ones."""
+        if not events:
+            return
+        with self._lock:
+            self._pending.setdefault(job_id, []).extend(events)
+            if self._thread is None or not self._thread.is_alive():  # first use, or a fork
+                self._thread = threading.Thread(target=self._run, name="cortex-chunks",
+                                                daemon=True)
+                self._thread.start()
+
+    def flush(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
+        """Log the job's pending events, then `events`, now (not after the job has ended)."""
+        with self.taken(job_id, events) as batch:
+            if batch:
+                self.store.emit(job_id, batch, live=True)
+
+    @contextmanager
+    def taken(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]] = ()
+              ) -> Iterator[Events]:
+        """The job's pending events, then `events`, for the caller to log (as `flush` would)
+        before the block ends, together with what else it writes (a turn's end)."""
+        with self._writing:
+            with self._lock:
+                batch = [*self._pending.pop(job_id, []), *events]
+            yield self.prepare(batch) if batch else []
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.every_s)
+            with self._writing:
+                with self._lock:
+                    batches, self._pending = self._pending, {}
+                if not batches:
+                    continue
+                try:
+                    self.store.emit_many({job: self.prepare(events)
+                                          for job, events in batches.items()}, live=True)
+                except RedisError as exc:  # keep them, before anything added since
+                    log.warning("text chunks of %d jobs not logged yet: Redis: %s",
+                                len(batches), exc)
+                    with self._lock:
+                        for job, events in batches.items():
+                            self._pending[job] = [*events, *self._pending.get(job, [])]
+                except Exception:  # never let a bug stop the writer
+                    log.exception("text chunks of %d jobs could not be logged", len(batches))

@@ -1,0 +1,668 @@
+"""Job state in Redis: the job hash, per-action state, variables and the event log.
+
+Every mutation is one Lua script (see lua/), so the seq, the stream entry and the publish of an
+event, and the state change that caused it, happen atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from cortex_worker.errors import CortexError
+from cortex_worker.jobs.record import DEFAULT_TENANT, JOB_TERMINAL, JobRecord, encode
+from cortex_worker.store.keys import (
+    ACTIVE_JOBS,
+    DEFAULT_TTL_S,
+    JOBS_INDEX,
+    SCRIPT_KEYS,
+    alive_key,
+    job_keys,
+    session_key,
+    tenant_index,
+    tool_slots_key,
+    tool_waiting_key,
+)
+
+TERMINAL = frozenset({"ok", "error", "timeout", "skipped", "cancelled"})
+RECONNECT_RETRIES = 40  # with a 1 s backoff cap: about 35 s without Redis
+MAX_CONNECTIONS = 1024
+"""Connections one process may open; past that a command waits for one (`POOL_WAIT_S`).
+redis-py 6+ caps a plain pool at 100 and then raises: an agent worker runs 200 turns at once
+by default, besides its heartbeat, reconciler and result listeners."""
+POOL_WAIT_S = 30.0
+
+
+@cache
+def _lua(name: str, prelude: bool = True) -> str:
+    folder = resources.files("cortex_worker.store") / "lua"
+    body = (folder / f"{name}.lua").read_text()
+    return (folder / "prelude.lua").read_text() + "\n" + body if prelude else body
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON, as stored in Redis."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _event_args(events: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Events as script arguments: kind, data, kind, data ..."""
+    return [part for kind, data in events for part in (kind, dumps(data))]
+
+
+@dataclass(frozen=True, slots=True)
+class ActionState:
+    """An unfinished action as the reconciler sees it."""
+
+    status: str  # pending, waiting, queued or running
+    owner: str | None  # the lease holder (host:pid), if it was claimed
+    lease_until: float | None
+    queued_at: float | None  # when it was last queued (or sent again)
+    redrives: int  # times the reconciler sent it again
+    throttled_at: float | None = None  # when it began to wait for a tool slot
+
+
+def _action_states(statuses: dict[str, str], leases: dict[str, str], timings: dict[str, str],
+                   redrives: dict[str, str]) -> dict[str, ActionState]:
+    out: dict[str, ActionState] = {}
+    for action_id, status in statuses.items():
+        if status in TERMINAL:
+            continue
+        owner, expiry = None, None
+        if action_id in leases:
+            owner, _, until = leases[action_id].rpartition("|")
+            expiry = float(until)
+        queued = timings.get(f"q|{action_id}")
+        throttled = timings.get(f"w|{action_id}")
+        out[action_id] = ActionState(status, owner, expiry, float(queued) if queued else None,
+                                     int(redrives.get(action_id, 0)),
+                                     float(throttled) if throttled else None)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """What a state change asks for: actions to send now and whether the job drained."""
+
+    ready: list[dict[str, Any]]  # specs of the actions to send now
+    drained: bool
+    recorded: bool = True  # False: nothing changed (already recorded, or the job has ended)
+
+
+class SessionBusy(CortexError):
+    """A session message that cannot start a job: the session's last job (`job_id`) is still
+    running, or another message started it after the caller read the session."""
+
+    def __init__(self, message: str, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTurn:
+    """A session message that starts a job: recorded with the job in one transaction, and
+    only if the session's last job is still `after` (as the caller read it) and has ended."""
+
+    session_id: str
+    after: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnInputs:
+    """What `start_turn` logged and read."""
+
+    begun: bool  # the turn's start was logged (False: the job had ended)
+    results: dict[str, dict[str, Any]]  # result records of the actions asked for, if recorded
+    feed_changes: dict[str, dict[str, Any]]  # as `Store.feed_changes`
+    conversation: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStart:
+    """How turn `turn` starts, for a caller that knows how the last one closes without
+    reading anything (no responses to render, no final response, no limit reached): `resume`
+    then begins it in the same round trip, as `start_turn(closing=..., fields=...,
+    begin=...)` would, reading the results of the native calls and of the finished actions
+    (and logging `job_started` first, for turn 1)."""
+
+    turn: int
+    closing: Sequence[tuple[str, dict[str, Any]]]
+    fields: Mapping[str, Any]
+    begin: Sequence[tuple[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """An agent turn that is due: begun now, or taken over (`restarted`)."""
+
+    turn: int
+    finished: list[str]  # actions that finished before it began
+    restarted: bool
+    job: JobRecord  # as it was once the turn was this caller's
+    inputs: TurnInputs | None = None  # the turn's start, if `resume` began it (`TurnStart`)
+
+
+def _turn_inputs(out: Sequence[Any], action_ids: Sequence[str]) -> TurnInputs:
+    """What lua's begin_turn returned, for `action_ids`."""
+    begun, results, changes, conversation = out
+    return TurnInputs(
+        begun=int(begun) != 0,
+        results={a: json.loads(v) for a, v in zip(action_ids, results, strict=True)
+                 if v is not None},
+        feed_changes={k: json.loads(v) for k, v in zip(changes[::2], changes[1::2], strict=True)},
+        conversation=[json.loads(m) for m in conversation])
+
+
+class Store:
+    """All reads and writes of job state go through here."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+        self._scripts = {name: client.register_script(_lua(name))
+                         for name in ("emit", "register", "claim", "finish", "retry", "close",
+                                      "requeue", "resume", "turn_start", "turn_end", "turn_unwait",
+                                      "begin", "redrive", "approval_request", "approval_decide")}
+        self._tool_scripts = {name: client.register_script(_lua(name, prelude=False))
+                              for name in ("slot_take", "slot_give")}
+
+    @classmethod
+    def from_url(cls, url: str) -> Store:
+        # Ride out a Redis restart (or failover) of up to ~35 s: a command whose connection
+        # fails is sent again after a backoff, instead of failing the task and losing the
+        # result it was recording (redis-py's default gives up after well under a second).
+        retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), RECONNECT_RETRIES)
+        pool = redis.BlockingConnectionPool.from_url(
+            url, decode_responses=True, health_check_interval=30, retry=retry,
+            max_connections=MAX_CONNECTIONS, timeout=POOL_WAIT_S)
+        return cls(redis.Redis(connection_pool=pool))
+
+    def _run(self, name: str, job_id: str, *args: Any, extra_keys: Sequence[str] = ()) -> Any:
+        argv = [job_id, repr(time.time()), *args]
+        return self._scripts[name](keys=[*job_keys(job_id)[:SCRIPT_KEYS], *extra_keys], args=argv)
+
+    def _ttl(self, job_id: str) -> int:
+        """The job's retention: its other keys expire with its record."""
+        return int(self.redis.hget(job_keys(job_id).job, "ttl") or DEFAULT_TTL_S)
+
+    # -- jobs -----------------------------------------------------------------------------
+    def create_job(self, job_id: str, fields: dict[str, Any], ttl: int,
+                   events: Sequence[tuple[str, dict[str, Any]]] = (), *,
+                   session: SessionTurn | None = None) -> None:
+        """Create the job hash, index it, and append its first events, in one transaction.
+        With `session`, the job's `input` and the job join the session in it too
+        (SessionBusy if the session's last job is not `session.after`, or has not ended)."""
+        key = job_keys(job_id).job
+        now = time.time()
+        emit = self._scripts["emit"]
+        logged = not events
+        with self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    session_ttl = self._watch_session(pipe, session) if session else 0
+                    pipe.multi()
+                    pipe.hset(key, mapping=encode({
+                        "id": job_id, "status": "queued", "created_at": now, "ttl": ttl,
+                        "remaining": 0, "running": 0, "failures": 0, **fields}))
+                    pipe.expire(key, ttl)
+                    pipe.zadd(JOBS_INDEX, {job_id: now})
+                    pipe.sadd(ACTIVE_JOBS, job_id)  # until `close` ends it
+                    if fields.get("tenant"):
+                        pipe.zadd(tenant_index(fields["tenant"]), {job_id: now})
+                    if session:
+                        message = {"role": "user", "content": fields["input"], "job_id": job_id}
+                        self._session_append(pipe, session.session_id, session_ttl, message,
+                                             job_id)
+                    if events:  # by its digest: a script object would check it first, apart
+                        pipe.evalsha(emit.sha, SCRIPT_KEYS, *job_keys(job_id)[:SCRIPT_KEYS],
+                                     job_id, repr(now), "0", *_event_args(events))
+                    pipe.execute()
+                    logged = True
+                    break
+                except redis.WatchError:  # the session moved on: `_watch_session` says how
+                    continue
+                except redis.exceptions.NoScriptError:  # Redis lost its scripts (a restart):
+                    break  # the rest of the transaction ran; the events go the usual way
+        if not logged:
+            self.emit(job_id, events)
+
+    @staticmethod
+    def _watch_session(pipe: Any, turn: SessionTurn) -> int:
+        """Watch the session's jobs and its last job; raise SessionBusy unless the last job
+        is `turn.after` and has ended (or expired). Returns the session's retention."""
+        key = session_key(turn.session_id)
+        pipe.watch(f"{key}:jobs")
+        last = pipe.lindex(f"{key}:jobs", -1)
+        if last != turn.after:
+            raise SessionBusy(f"another message to session {turn.session_id!r} started job "
+                              f"{last!r} first; read the session again", last)
+        if last is not None:
+            pipe.watch(job_keys(last).job)
+            status = pipe.hget(job_keys(last).job, "status")
+            if status is not None and status not in JOB_TERMINAL:
+                raise SessionBusy(f"the session's job {last!r} is still running; wait for it "
+                                  "to end (or cancel it) before sending another message", last)
+        return int(pipe.hget(key, "ttl") or DEFAULT_TTL_S)
+
+    def set_job(self, job_id: str, **fields: Any) -> None:
+        """Change fields of the job record (typed as in `JobRecord`)."""
+        self.redis.hset(job_keys(job_id).job, mapping=encode(fields))
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        data = self.redis.hgetall(job_keys(job_id).job)
+        return JobRecord.from_hash(data) if data else None
+
+    def peek(self, job_id: str, *fields: str) -> JobRecord | None:
+        """Only some fields of the job record (the others keep their defaults); None if the
+        job does not exist. Cheap: a document job's record holds the whole document."""
+        return self.peek_many([job_id], *fields)[0]
+
+    def peek_many(self, job_ids: Sequence[str], *fields: str) -> list[JobRecord | None]:
+        """`peek` for several jobs, in one round trip."""
+        names = ["id", *fields]
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(job_keys(job_id).job, names)
+        return [JobRecord.from_hash({k: v for k, v in zip(names, values, strict=True)
+                                     if v is not None}) if values[0] is not None else None
+                for values in pipe.execute()]
+
+    def list_jobs(self, limit: int = 50, offset: int = 0, tenant: str | None = None) -> list[str]:
+        """Job ids, newest first: every job, or (`tenant`) only that tenant's."""
+        index = JOBS_INDEX if tenant is None else tenant_index(tenant)
+        return self.redis.zrevrange(index, offset, offset + limit - 1)
+
+    def actions(self, job_id: str) -> dict[str, dict[str, Any]]:
+        """Every action of the job: its spec, status and result record."""
+        keys = job_keys(job_id)
+        pipe = self.redis.pipeline()
+        pipe.hgetall(keys.spec)
+        pipe.hgetall(keys.status)
+        pipe.hgetall(keys.result)
+        pipe.hgetall(keys.attempts)
+        specs, statuses, results, attempts = pipe.execute()
+        out: dict[str, dict[str, Any]] = {}
+        for action_id, spec in specs.items():
+            out[action_id] = {
+                "spec": json.loads(spec),
+                "status": statuses.get(action_id, "pending"),
+                "attempts": int(attempts.get(action_id, 0)),
+                "result": json.loads(results[action_id]) if action_id in results else None,
+            }
+        return out
+
+    def add_child(self, job_id: str, child_id: str) -> None:
+        key = job_keys(job_id).children
+        pipe = self.redis.pipeline()
+        pipe.sadd(key, child_id)
+        pipe.expire(key, self._ttl(job_id))
+        pipe.execute()
+
+    def children(self, job_id: str) -> set[str]:
+        return self.redis.smembers(job_keys(job_id).children)
+
+    def action_statuses(self, job_id: str) -> dict[str, str]:
+        """Action id -> status, for every registered action."""
+        return self.redis.hgetall(job_keys(job_id).status)
+
+    def action_status(self, job_id: str, action_id: str) -> str | None:
+        return self.redis.hget(job_keys(job_id).status, action_id)
+
+    def ids_with_status(self, job_id: str, status: str) -> set[str]:
+        return {a for a, st in self.action_statuses(job_id).items() if st == status}
+
+    def spec(self, job_id: str, action_id: str) -> dict[str, Any] | None:
+        raw = self.redis.hget(job_keys(job_id).spec, action_id)
+        return json.loads(raw) if raw else None
+
+    def variables(self, job_id: str, names: Iterable[str]) -> dict[str, Any]:
+        names = list(names)
+        if not names:
+            return {}
+        values = self.redis.hmget(job_keys(job_id).vars, names)
+        return {n: json.loads(v) for n, v in zip(names, values, strict=True) if v is not None}
+
+    def variable_names(self, job_id: str) -> list[str]:
+        return sorted(self.redis.hkeys(job_keys(job_id).vars))
+
+    def set_variables(self, job_id: str, values: dict[str, Any]) -> None:
+        if values:
+            self.redis.hset(job_keys(job_id).vars, mapping={k: dumps(v) for k, v in values.items()})
+
+    def delete_variable(self, job_id: str, name: str) -> bool:
+        """Forget a variable; False if it was not set."""
+        return bool(self.redis.hdel(job_keys(job_id).vars, name))
+
+    # -- context feeds ----------------------------------------------------------------------
+    def feed_changes(self, job_id: str) -> dict[str, dict[str, Any]]:
+        """The job's run-time feed changes, by feed id (see `feeds.save_feed`)."""
+        return {k: json.loads(v) for k, v in self.redis.hgetall(job_keys(job_id).feeds).items()}
+
+    def feed_change(self, job_id: str, feed_id: str) -> dict[str, Any] | None:
+        raw = self.redis.hget(job_keys(job_id).feeds, feed_id)
+        return json.loads(raw) if raw else None
+
+    def set_feed_change(self, job_id: str, feed_id: str, change: dict[str, Any]) -> None:
+        key = job_keys(job_id).feeds
+        pipe = self.redis.pipeline()
+        pipe.hset(key, feed_id, dumps(change))
+        pipe.expire(key, self._ttl(job_id))
+        pipe.execute()
+
+    def cached(self, key: str) -> Any:
+        """A value of the shared cache (`keys.feed_cache_key`), or None."""
+        raw = self.redis.get(key)
+        return None if raw is None else json.loads(raw)
+
+    def cache(self, key: str, value: Any, ttl_s: float) -> None:
+        self.redis.set(key, dumps(value), px=max(1, round(ttl_s * 1000)))
+
+    # -- recovery (see reconciler.py) -------------------------------------------------------
+    def active_jobs(self) -> list[str]:
+        """Ids of the jobs that have not ended."""
+        return list(self.redis.sscan_iter(ACTIVE_JOBS, count=1000))
+
+    def forget_active(self, job_id: str) -> None:
+        """Drop a job that has ended or expired from the active set."""
+        self.redis.srem(ACTIVE_JOBS, job_id)
+
+    def action_states(self, job_ids: Sequence[str]) -> list[dict[str, ActionState]]:
+        """Each job's unfinished actions: status, lease, when it was queued and how many times
+        it was sent again (what the reconciler needs), for every job in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            keys = job_keys(job_id)
+            for key in (keys.status, keys.lease, keys.timings, keys.redrives):
+                pipe.hgetall(key)
+        replies = pipe.execute()
+        return [_action_states(*replies[at:at + 4]) for at in range(0, len(replies), 4)]
+
+    def redrive(self, job_id: str, action_id: str, dead_owner: str, why: str,
+                most: int) -> tuple[str, Any]:
+        """Send a lost action again: ("send", spec), ("give_up", times) past `most` times, or
+        ("", None) if it needs nothing (see lua/redrive.lua)."""
+        out = self._run("redrive", job_id, action_id, dead_owner, why, str(most),
+                        extra_keys=[job_keys(job_id).redrives])
+        if not out:
+            return "", None
+        return ("send", json.loads(out[1])) if out[0] == "send" else ("give_up", int(out[1]))
+
+    def request_approval(self, job_id: str, action_id: str, record: dict[str, Any],
+                         event: dict[str, Any]) -> str:
+        """Hold a ready action for approval (see lua/approval_request.lua): 'new', or the
+        state that stood in the way."""
+        return str(self._run("approval_request", job_id, action_id, dumps(record), dumps(event),
+                             extra_keys=[job_keys(job_id).approvals]))
+
+    def decide_approval(self, job_id: str, action_id: str, decision: str,
+                        event: dict[str, Any]) -> str:
+        """Answer an approval request once (see lua/approval_decide.lua)."""
+        return str(self._run("approval_decide", job_id, action_id, decision, dumps(event),
+                             extra_keys=[job_keys(job_id).approvals]))
+
+    def approvals(self, job_id: str) -> dict[str, dict[str, Any]]:
+        """The job's approval records, by action id."""
+        raw = self.redis.hgetall(job_keys(job_id).approvals)
+        return {action_id: json.loads(record) for action_id, record in raw.items()}
+
+    def redrives(self, job_id: str, what: str) -> int:
+        """How many times `what` (an action id, or "@start" and the like) was sent again."""
+        return int(self.redis.hget(job_keys(job_id).redrives, what) or 0)
+
+    def count_redrive(self, job_id: str, what: str) -> int:
+        key = job_keys(job_id).redrives
+        pipe = self.redis.pipeline()
+        pipe.hincrby(key, what, 1)
+        pipe.expire(key, self._ttl(job_id))
+        return int(pipe.execute()[0])
+
+    def hand_over(self, job_id: str, action_id: str, holder: str) -> None:
+        """Give a running action's lease to `holder` (a child job), keeping its expiry."""
+        key = job_keys(job_id).lease
+        lease = self.redis.hget(key, action_id)
+        if lease is not None:
+            self.redis.hset(key, action_id, f"{holder}|{lease.rpartition('|')[2]}")
+
+    # -- tools with max_concurrency -----------------------------------------------------------
+    def take_slot(self, tool: str, holder: str, limit: int, lease_s: float,
+                  waiting: dict[str, Any] | None) -> bool:
+        """Take one of the tool's `limit` slots for `holder` (for `lease_s` seconds); if none
+        is free, put `waiting` in line (sent again when a slot frees) and return False."""
+        now = time.time()
+        keys = [tool_slots_key(tool), tool_waiting_key(tool)]
+        return bool(self._tool_scripts["slot_take"](keys=keys, args=[
+            holder, repr(now), repr(now + lease_s), limit, dumps(waiting) if waiting else ""]))
+
+    def give_slot(self, tool: str, holder: str, limit: int) -> list[dict[str, Any]]:
+        """Give back `holder`'s slot; returns the waiting calls to send now."""
+        keys = [tool_slots_key(tool), tool_waiting_key(tool)]
+        out = self._tool_scripts["slot_give"](keys=keys, args=[holder, repr(time.time()), limit])
+        return [json.loads(entry) for entry in out]
+
+    def slots_in_use(self, tool: str) -> int:
+        key = tool_slots_key(tool)
+        self.redis.zremrangebyscore(key, "-inf", time.time())
+        return int(self.redis.zcard(key))
+
+    def throttle(self, job_id: str, action_id: str) -> None:
+        """Mark a queued action as waiting for a tool slot (claiming it clears the mark)."""
+        self.redis.hset(job_keys(job_id).timings, f"w|{action_id}", repr(time.time()))
+
+    def beat(self, owner: str, ttl_s: float) -> None:
+        """Say that worker process `owner` is alive for the next `ttl_s` seconds."""
+        self.redis.set(alive_key(owner), "1", px=max(1, round(ttl_s * 1000)))
+
+    def alive(self, owners: Iterable[str]) -> set[str]:
+        """Those of `owners` whose heartbeat has not expired."""
+        owners = list(owners)
+        if not owners:
+            return set()
+        flags = self.redis.mget([alive_key(o) for o in owners])
+        return {o for o, flag in zip(owners, flags, strict=True) if flag is not None}
+
+    def try_lock(self, key: str, owner: str, ttl_s: float) -> bool:
+        """Take `key` for `ttl_s` seconds unless another owner holds it."""
+        return bool(self.redis.set(key, owner, nx=True, px=max(1, round(ttl_s * 1000))))
+
+    # -- sessions -------------------------------------------------------------------------
+    def create_session(self, session_id: str, agent: str, options: dict[str, Any], ttl: int,
+                       tenant: str = DEFAULT_TENANT) -> None:
+        key = session_key(session_id)
+        pipe = self.redis.pipeline()
+        pipe.hset(key, mapping={"id": session_id, "agent": agent, "created_at": repr(time.time()),
+                                "options": dumps(options), "ttl": str(ttl), "tenant": tenant})
+        pipe.expire(key, ttl)
+        pipe.execute()
+
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        key = session_key(session_id)
+        pipe = self.redis.pipeline()
+        pipe.hgetall(key)
+        pipe.lrange(f"{key}:messages", 0, -1)
+        pipe.lrange(f"{key}:jobs", 0, -1)
+        data, messages, jobs = pipe.execute()
+        if not data:
+            return None
+        return {**data, "messages": [json.loads(m) for m in messages], "jobs": jobs}
+
+    def append_session(self, session_id: str, message: dict[str, Any]) -> None:
+        """Add a message to the session (a job's reply)."""
+        ttl = int(self.redis.hget(session_key(session_id), "ttl") or DEFAULT_TTL_S)
+        pipe = self.redis.pipeline()
+        self._session_append(pipe, session_id, ttl, message)
+        pipe.execute()
+
+    @staticmethod
+    def _session_append(pipe: Any, session_id: str, ttl: int, message: dict[str, Any],
+                        job_id: str | None = None) -> None:
+        key = session_key(session_id)
+        pipe.rpush(f"{key}:messages", dumps(message))
+        if job_id is not None:
+            pipe.rpush(f"{key}:jobs", job_id)
+        for suffix in ("", ":messages", ":jobs"):
+            pipe.expire(key + suffix, ttl)
+
+    # -- events ---------------------------------------------------------------------------
+    def emit(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]], *,
+             live: bool = False) -> int:
+        """Append events to the job's log; returns the last seq. `live`: only if the job has
+        not ended (0 is returned then): a turn's output never follows `job_cancelled`."""
+        args = _event_args(events)
+        return int(self._run("emit", job_id, "1" if live else "0", *args)) if args else 0
+
+    def emit_many(self, batches: Mapping[str, Sequence[tuple[str, dict[str, Any]]]], *,
+                  live: bool = False) -> None:
+        """`emit` for several jobs in one round trip (a pipeline; each job's events atomic)."""
+        pipe = self.redis.pipeline(transaction=False)
+        now = repr(time.time())
+        for job_id, events in batches.items():
+            args = _event_args(events)
+            if args:
+                self._scripts["emit"](keys=job_keys(job_id)[:SCRIPT_KEYS], client=pipe,
+                                      args=[job_id, now, "1" if live else "0", *args])
+        pipe.execute()
+
+    def events_after(self, job_id: str, after: int = 0, count: int | None = None) -> list[dict[str, Any]]:
+        """Events with seq > `after`, in order."""
+        entries = self.redis.xrange(job_keys(job_id).events, min=f"{after + 1}-0", count=count)
+        return [json.loads(fields["e"]) for _, fields in entries]
+
+    # -- actions --------------------------------------------------------------------------
+    def begin(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]]) -> str:
+        """Start a queued document or workflow job and log `events`: "started", "running"
+        (it had begun: a redelivered start) or "ended" (cancelled before it began)."""
+        return str(self._run("begin", job_id, *_event_args(events)))
+
+    def register(self, job_id: str, actions: Sequence[dict[str, Any]], *, close: bool) -> Dispatch:
+        """Add actions (`id, spec, deps, after, on_error`) to the job; return those ready now.
+        Nothing is registered once the job has ended (`recorded` is then False)."""
+        out = self._run("register", job_id, dumps(list(actions)), "1" if close else "0")
+        if out == ["ended"]:
+            return Dispatch(ready=[], drained=False, recorded=False)
+        bar = out.index("|")
+        return Dispatch(ready=[{"id": i} for i in out[:bar]], drained=bool(int(out[bar + 1])))
+
+    def claim(self, job_id: str, action_id: str, owner: str, lease_s: float,
+              names: Sequence[str] = (), *, force: bool = False) -> list[Any]:
+        return self._run("claim", job_id, action_id, owner, repr(lease_s), "1" if force else "0", *names)
+
+    def finish(self, job_id: str, action_id: str, status: str, record: dict[str, Any],
+               value: Any, output_key: str | None, event: tuple[str, dict[str, Any]]) -> Dispatch:
+        """Record an action's end once and walk its dependents."""
+        out = self._run("finish", job_id, action_id, status, dumps(record), dumps(value),
+                        output_key or "", event[0], dumps(event[1]))
+        return Dispatch(ready=[json.loads(x) for x in out[2:]], drained=bool(int(out[1])),
+                        recorded=bool(int(out[0])))
+
+    def queued_dependents(self, job_id: str, action_id: str) -> list[dict[str, Any]]:
+        """Specs of dependents marked queued: to send again after a worker died mid-dispatch."""
+        return [json.loads(x) for x in self._run("requeue", job_id, action_id)]
+
+    def resume(self, job_id: str, owner: str = "", lease_s: float = 30.0,
+               dead_owner: str = "", start: TurnStart | None = None) -> Resumed | None:
+        """Begin an agent's next turn as `owner`, or take over the turn in progress if its
+        owner is `dead_owner` or its lease expired (see lua/resume.lua); None if no turn is
+        due. The job record comes in the same round trip, and with `start` the turn's start
+        too (`Resumed.inputs`) if the job agrees (else the caller starts it)."""
+        keys = job_keys(job_id)
+        starting: list[str] = []
+        if start is not None:
+            closing = _event_args(start.closing)
+            starting = [str(start.turn), dumps(encode(dict(start.fields))), str(len(closing)),
+                        *closing, *_event_args(start.begin)]
+        out = self._run("resume", job_id, owner, repr(lease_s), dead_owner, *starting,
+                        extra_keys=(keys.conversation, keys.feeds))
+        if not int(out[0]):
+            return None
+        n = int(out[2])
+        finished = list(out[3:3 + n])
+        m = int(out[3 + n])
+        record = out[4 + n:4 + n + m]
+        job = JobRecord.from_hash(dict(zip(record[::2], record[1::2], strict=True)))
+        begun = out[4 + n + m]
+        inputs = None
+        if begun != 0:
+            asked = [c["action_id"] for c in job.native_calls] + finished
+            inputs = _turn_inputs(begun, asked)
+        return Resumed(int(out[0]), finished, bool(int(out[1])), job, inputs)
+
+    def start_turn(self, job_id: str, *, closing: Sequence[tuple[str, dict[str, Any]]] = (),
+                   fields: Mapping[str, Any] | None = None,
+                   begin: Sequence[tuple[str, dict[str, Any]]] = (),
+                   action_ids: Sequence[str] | None = ()) -> TurnInputs:
+        """A turn's start in one round trip (lua/turn_start.lua): log `closing` (the last
+        turn's end), set `fields` of the job record, log `begin` unless the job has ended, and
+        read the results of `action_ids`, the feed changes and the conversation (nothing if
+        `action_ids` is None: the job ends instead of starting a turn)."""
+        keys = job_keys(job_id)
+        closing_args = _event_args(closing)
+        out = self._run("turn_start", job_id, dumps(encode(dict(fields or {}))),
+                        dumps(None if action_ids is None else list(action_ids)),
+                        str(len(closing_args)), *closing_args, *_event_args(begin),
+                        extra_keys=(keys.conversation, keys.feeds))
+        if action_ids is None:
+            return TurnInputs(begun=int(out[0]) != 0, results={}, feed_changes={},
+                              conversation=[])
+        return _turn_inputs(out, list(action_ids))
+
+    def end_turn(self, job_id: str, messages: Sequence[dict[str, Any]], fields: Mapping[str, Any],
+                 events: Sequence[tuple[str, dict[str, Any]]] = (), *, waiter: str = "",
+                 chunks: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
+        """A turn's end in one round trip (lua/turn_end.lua): log the turn's last `chunks`
+        (unless the job has ended), append `messages` to the conversation, log `events`, set
+        `fields`, close the turn's plan; True if the job drained (its next turn is due now).
+        If not, and `waiter` (host:pid) is given, its drain is published to that process
+        instead of being left to whoever drains it."""
+        chunk_args = _event_args(chunks)
+        out = self._run("turn_end", job_id, dumps(encode(dict(fields))), waiter, str(len(messages)),
+                        *[dumps(m) for m in messages], str(len(chunk_args)), *chunk_args,
+                        *_event_args(events), extra_keys=(job_keys(job_id).conversation,))
+        return bool(int(out))
+
+    def unwait(self, job_id: str, waiter: str) -> bool:
+        """`waiter` stops waiting in place for the job to drain (lua/turn_unwait.lua): True if
+        the drain was handed to it already (it takes the next turn)."""
+        return bool(int(self._run("turn_unwait", job_id, waiter)))
+
+    def results(self, job_id: str, action_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Result records of the given actions (those recorded)."""
+        if not action_ids:
+            return {}
+        values = self.redis.hmget(job_keys(job_id).result, list(action_ids))
+        return {a: json.loads(v) for a, v in zip(action_ids, values, strict=True) if v is not None}
+
+    def conversation(self, job_id: str) -> list[dict[str, Any]]:
+        return [json.loads(m) for m in self.redis.lrange(job_keys(job_id).conversation, 0, -1)]
+
+    def append_conversation(self, job_id: str, *messages: dict[str, Any]) -> None:
+        key = job_keys(job_id).conversation
+        pipe = self.redis.pipeline()
+        pipe.rpush(key, *[dumps(m) for m in messages])
+        pipe.expire(key, self._ttl(job_id))
+        pipe.execute()
+
+    def clear_conversation(self, job_id: str) -> int:
+        """Forget an agent's conversation; returns how many messages it held."""
+        key = job_keys(job_id).conversation
+        pipe = self.redis.pipeline()
+        pipe.llen(key)
+        pipe.delete(key)
+        return int(pipe.execute()[0])
+
+    def retry(self, job_id: str, action_id: str, data: dict[str, Any]) -> bool:
+        return bool(self._run("retry", job_id, action_id, dumps(data)))
+
+    def close(self, job_id: str, status: str, fields: dict[str, Any] | None = None,
+              events: Sequence[tuple[str, dict[str, Any]]] = (), *, only_if: str = "") -> list[str] | None:
+        """End the job with `status`; unfinished actions are cancelled. None if it had ended."""
+        args = _event_args(events)
+        out = self._run("close", job_id, status, dumps(encode(fields or {})), only_if, *args)
+        return None if out is None else list(out)
