@@ -141,9 +141,10 @@ class _MessagesHandler(_Handler):
             "type": ERROR_TYPES.get(status, "api_error"), "message": message}},
             {"request-id": f"req_{uuid.uuid4().hex[:12]}", **(headers or {})})
 
-    def _sse(self, model: str, index: int, payload: dict[str, Any]) -> None:
+    def _sse(self, model: str, index: int, payload: dict[str, Any], *, last: bool = False) -> None:
         self.fake._sent(model, index, payload)
-        self._chunk(f"event: {payload['type']}\ndata: {json.dumps(payload)}\n\n".encode())
+        self._chunk(f"event: {payload['type']}\ndata: {json.dumps(payload)}\n\n".encode(),
+                    last=last)
 
     # -- routes -------------------------------------------------------------------------------
     def do_GET(self) -> None:
@@ -323,8 +324,7 @@ class _MessagesHandler(_Handler):
         sse({"type": "message_delta",
              "delta": {"stop_reason": self._stop_reason(turn), "stop_sequence": None},
              "usage": {"output_tokens": completion}})
-        sse({"type": "message_stop"})
-        self._chunk(b"")  # the terminating zero-length chunk
+        self._sse(model, index, {"type": "message_stop"}, last=True)
 
 
 FakeAnthropic._handler = _MessagesHandler

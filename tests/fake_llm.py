@@ -35,7 +35,10 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
-__all__ = ["FakeLLM", "Turn"]
+__all__ = ["HOLD_TIMEOUT_S", "FakeLLM", "Turn"]
+
+#: The longest a `Turn.hold_after_chars` holds its stream when `release` is never set.
+HOLD_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -52,7 +55,11 @@ class Turn:
     trigger client timeouts); `error_message`: the message of a `fail_status` answer;
     `end_token`: the end of the message (its `finish_reason` chunk) comes a token after the
     last one, as an engine streams it once the model has written its end-of-turn token
-    (otherwise it follows the last chunk at once).
+    (otherwise it follows the last chunk at once); `hold_after_chars`: once that many
+    characters of text are written, write nothing more until the test sets `release` (or
+    `HOLD_TIMEOUT_S` passed, so a runtime that never gets there fails the test's assertions
+    instead of hanging it): a test observes what the runtime did mid-stream by the order of
+    events, not by the clock.
     """
 
     text: str = ""
@@ -66,6 +73,8 @@ class Turn:
     delay_s: float = 0.0
     error_message: str | None = None
     end_token: bool = False
+    hold_after_chars: int | None = None
+    release: threading.Event = field(default_factory=threading.Event)
 
 
 class _Dropped(Exception):
@@ -232,6 +241,13 @@ class FakeLLM:
         if seconds > 0 and self._closing.wait(seconds):
             raise ConnectionAbortedError("FakeLLM closed")
 
+    def _hold(self, release: threading.Event) -> None:
+        """Until the test sets `release`, `HOLD_TIMEOUT_S` passed, or the server closes."""
+        deadline = time.monotonic() + HOLD_TIMEOUT_S
+        while not release.wait(0.05) and time.monotonic() < deadline:
+            if self._closing.is_set():
+                raise ConnectionAbortedError("FakeLLM closed")
+
 
 def _tokens(chars: int) -> int:
     return math.ceil(chars / 4)
@@ -271,8 +287,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(status, {"error": {"message": message, "type": "fake_llm_error",
                                            "code": status}}, headers)
 
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
+    def _chunk(self, data: bytes, *, last: bool = False) -> None:
+        """Write one chunk; `last`: with the body's end in the same write (one segment), so a
+        client reading on to the end to keep the connection never waits on this thread."""
+        self.wfile.write(b"%X\r\n%s\r\n%s" % (len(data), data, b"0\r\n\r\n" if last else b""))
 
     def _event(self, payload: Any) -> None:
         self._chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
@@ -402,6 +420,8 @@ class _Handler(BaseHTTPRequestHandler):
             fake._log(model, index, sent)
             if limit is not None and sent >= limit:
                 self._drop()
+            if turn.hold_after_chars is not None and sent - len(piece) < turn.hold_after_chars <= sent:
+                fake._hold(turn.release)
         for number, call in enumerate(turn.tool_calls):
             pace()
             self._event(delta({"tool_calls": [{
@@ -420,8 +440,7 @@ class _Handler(BaseHTTPRequestHandler):
         wants_usage = (body.get("stream_options") or {}).get("include_usage")
         if turn.usage and wants_usage:
             self._event({**base, "choices": [], "usage": self._usage(body, turn)})
-        self._chunk(b"data: [DONE]\n\n")
-        self._chunk(b"")  # the terminating zero-length chunk
+        self._chunk(b"data: [DONE]\n\n", last=True)
 
 
 FakeLLM._handler = _Handler

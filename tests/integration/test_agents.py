@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from cortex_api.client import Client
 from cortex_worker.agents.prompt import PROTOCOL_REMINDER
 from tests import harness
 from tests.fake_llm import FakeLLM, Turn
@@ -142,27 +142,32 @@ def llm(fake_llm: FakeLLM) -> Iterator[FakeLLM]:
 
 def test_an_action_in_a_thought_starts_while_the_model_is_still_thinking(
         api: Any, llm: FakeLLM) -> None:
-    """An async action written early in a long, slowly streamed thought starts and finishes
-    before the model has even written `</thought>`.
+    """An async action written early in a long thought starts and finishes before the model
+    has even written `</thought>`.
 
-    Two independent proofs. (1) The event log alone: `action_started` and `action_completed`
-    come before `thought_end` and before the last `thought_chunk`, in seq and in `ts`. (2) The
-    fake server's own record: `stream_log` holds (monotonic time, characters written) for every
-    chunk. The test samples `time.time() - time.monotonic()` once (both clocks are
-    machine-wide, and the workers' `ts` are `time.time()`), maps the log onto wall time and
-    checks that when the action started the server had written only part of the thought, and
-    kept streaming for a good while after.
+    The fake server writes the thought up to just past the action's `</action>`, then holds
+    the rest of its stream until the test has seen `action_completed` on the job's event
+    stream (read with the project's client), and notes how much it had written then. So the
+    proof is the order of events, never the clock: the action ran while the model was held
+    mid-thought, and the whole filler streamed after it.
     """
     model = unique("thought")
     head = "<thought>I will start the lookup right away. "
     early = act("early", "echo", {"message": "pong"}, mode="async")
     filler = "While it runs I keep reasoning about the rest of the task, slowly. " * 4
     text = f"{head}{early}{filler}</thought>{final('The lookup said $early.')}"
-    # 30 tokens/s of 8 characters: the action closes after ~0.6 s, the thought after ~1.7 s
-    llm.script(model, [Turn(text=text, tokens_per_second=30, chunk_chars=8)])
-    clock_offset = time.time() - time.monotonic()
+    script = turn(text, chunk_chars=8, hold_after_chars=text.index(early) + len(early))
+    llm.script(model, [script])
 
-    job_id, events = run_agent(api, "tester", "Look it up.", model=model)
+    job_id = start(api, "tester", "Look it up.", model=model)
+    written_when_completed: list[int] = []
+    with Client(api.url) as client:
+        for event in client.events(job_id, timeout=30):
+            if event.type == "action_completed" and event.data.get("action_id") == "early":
+                (log,) = llm.stream_log(model)
+                written_when_completed.append(log[-1][1])
+                script.release.set()
+    events = finish(api, job_id)
 
     assert types(events, chunks=False) == [
         "job_queued", "job_started", "turn_started", "action_parsed", "action_queued",
@@ -175,20 +180,17 @@ def test_an_action_in_a_thought_starts_while_the_model_is_still_thinking(
     thought_end = one(events, "thought_end")
     last_chunk = of(events, "thought_chunk")[-1]
     assert started["seq"] < completed["seq"] < last_chunk["seq"] < thought_end["seq"]
-    assert started["ts"] < completed["ts"] < last_chunk["ts"] <= thought_end["ts"]
     assert thought_end["data"]["text"] == text_of(events, "thought_chunk") == \
         "I will start the lookup right away. " + filler
     # the action started inside the filler: most of the thought streamed after it
     after = text_of([e for e in events if e["seq"] > started["seq"]], "thought_chunk")
     assert filler.endswith(after) and len(after) > len(filler) / 2
 
-    # the fake server's clock: how much of the text had it written when the action started?
-    (log,) = llm.stream_log(model)
-    wall = [(t + clock_offset, chars) for t, chars in log]
-    written = max((chars for t, chars in wall if t <= started["ts"]), default=0)
-    assert text.index(early) + len(early) <= written < text.index("</thought>")
-    assert wall[-1][0] - started["ts"] > 0.5  # the model streamed on for over half a second
-    assert wall[-1][1] == len(text)
+    # the fake server's own record: when the action had completed, it was still holding the
+    # stream just past `</action>`, and it wrote the rest (filler, `</thought>`, answer) after
+    (written,) = written_when_completed
+    assert text.index(early) + len(early) <= written < text.index(early) + len(early) + 8
+    assert llm.stream_log(model)[0][-1][1] == len(text)
     assert llm.outcomes(model) == ["complete"]
     assert events[-1]["data"]["result"] == "The lookup said pong."
     assert view(api, job_id)["result"] == "The lookup said pong."
