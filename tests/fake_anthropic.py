@@ -31,6 +31,7 @@ sent against them.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -63,7 +64,9 @@ class Turn:
     `message_start`/`message_delta` (zeros otherwise); `cache_read_tokens`/
     `cache_creation_tokens`: reported in `message_start`; `stop_reason`: default `tool_use`
     when there are tool calls, else `end_turn`; `headers`: extra response headers (e.g.
-    `{"Retry-After": "1"}`); `delay_s`: wait this long before answering at all.
+    `{"Retry-After": "1"}`); `delay_s`: wait this long before answering at all; `holds`:
+    block index -> an event the test sets: after that block's `content_block_stop` nothing
+    more is written until it is set (see `FakeLLM`'s `Turn.hold_after_chars`).
     """
 
     text: str = ""
@@ -81,6 +84,7 @@ class Turn:
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     error_message: str | None = None
+    holds: dict[int, threading.Event] = field(default_factory=dict)
 
 
 class FakeAnthropic(FakeLLM):
@@ -256,6 +260,11 @@ class _MessagesHandler(_Handler):
         def sse(payload: dict[str, Any]) -> None:
             self._sse(model, index, payload)
 
+        def stop(block: int) -> None:
+            sse({"type": "content_block_stop", "index": block})
+            if block in turn.holds:
+                fake._hold(turn.holds[block])
+
         interval = 1.0 / turn.tokens_per_second
         start = time.monotonic()
         tick = 0
@@ -284,7 +293,7 @@ class _MessagesHandler(_Handler):
                     "type": "thinking_delta", "thinking": turn.thinking[offset:offset + size]}})
             sse({"type": "content_block_delta", "index": block,
                  "delta": {"type": "signature_delta", "signature": "c2lnbmVk"}})
-            sse({"type": "content_block_stop", "index": block})
+            stop(block)
             block += 1
         sent = 0
         if turn.text:
@@ -301,7 +310,7 @@ class _MessagesHandler(_Handler):
                 fake._log(model, index, sent)
                 if limit is not None and sent >= limit:
                     self._drop()
-            sse({"type": "content_block_stop", "index": block})
+            stop(block)
             block += 1
         for number, call in enumerate(turn.tool_calls):
             pace()
@@ -313,7 +322,7 @@ class _MessagesHandler(_Handler):
                 pace()
                 sse({"type": "content_block_delta", "index": block, "delta": {
                     "type": "input_json_delta", "partial_json": arguments[offset:offset + size]}})
-            sse({"type": "content_block_stop", "index": block})
+            stop(block)
             block += 1
         if limit is not None:  # fewer characters than the limit: drop before finishing
             self._drop()

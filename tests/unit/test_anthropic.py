@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any, get_args
@@ -26,7 +27,7 @@ from anthropic.types.message_create_params import MessageCreateParamsStreaming
 from pydantic import BaseModel, TypeAdapter
 
 from cortex_worker.agents.prompt import RESULT_STATUSES
-from cortex_worker.llm import gateway
+from cortex_worker.llm import gateway, transport
 from cortex_worker.llm.anthropic import (
     DEFAULT_MAX_TOKENS,
     ERROR_STATUSES,
@@ -332,21 +333,29 @@ def test_tool_use_blocks_are_assembled_from_input_json_deltas(
 def test_each_tool_use_is_yielded_at_its_content_block_stop(
         api: FakeAnthropic, model: str) -> None:
     """A call is complete at its block's end: it can run while the model streams the next
-    block, instead of waiting for the end of the message."""
+    block, instead of waiting for the end of the message. The server holds its stream after
+    each call's `content_block_stop` until the test has seen that call, and the test notes
+    what the server had sent when it saw it."""
     calls = [{"id": "toolu_1", "name": "echo", "arguments": {"message": "first"}},
              {"id": "toolu_2", "name": "echo", "arguments": {"message": "x" * 200}}]
-    # the second call's input takes about 0.5 s to stream (4 characters per 10 ms)
-    api.script(model, [Turn(tool_calls=calls, chunk_chars=4, tokens_per_second=100)])
-    seen: list[tuple[float, Any]] = []
+    holds = {0: threading.Event(), 1: threading.Event()}
+    api.script(model, [Turn(tool_calls=calls, chunk_chars=4, tokens_per_second=2000,
+                            holds=holds)])
+    seen: list[tuple[ToolCall, dict[str, Any]]] = []
     for piece in stream_messages(config(api, model), MESSAGES):
-        seen.append((time.monotonic(), piece))
-    ended = time.monotonic()
-    first, second = [(at, piece) for at, piece in seen if isinstance(piece, ToolCall)]
-    assert (first[1].id, second[1].id) == ("toolu_1", "toolu_2")
-    assert first[1].arguments == {"message": "first"}
-    assert ended - first[0] > 0.25  # yielded while the second block's input was streaming
-    assert second[1].arguments == {"message": "x" * 200}
-    assert ended - second[0] < 0.25  # and the second at its own block's end
+        if isinstance(piece, ToolCall):
+            (sent,) = api.events(model)
+            seen.append((piece, sent[-1]))
+            holds[len(seen) - 1].set()
+    (first, first_sent), (second, second_sent) = seen
+    assert (first.id, second.id) == ("toolu_1", "toolu_2")
+    assert first.arguments == {"message": "first"}
+    # yielded before any of the second block was sent
+    assert first_sent == {"type": "content_block_stop", "index": 0}
+    assert second.arguments == {"message": "x" * 200}
+    # and the second at its own block's end, before the message's end
+    assert second_sent == {"type": "content_block_stop", "index": 1}
+    assert settled(api, model) == ["complete"]
 
 
 @pytest.mark.parametrize("raw", ['{"message": "unterminated', '{"message": "hi" "oops": 1}',
@@ -396,15 +405,18 @@ def test_usage_counts_cache_tokens_as_prompt_tokens(api: FakeAnthropic, model: s
 
 
 # -- retries and errors --------------------------------------------------------------------------
-def test_429_is_retried_honouring_retry_after(api: FakeAnthropic, model: str) -> None:
+def test_429_is_retried_honouring_retry_after(api: FakeAnthropic, model: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait before the retry is the `Retry-After` (plus at most 50 ms of jitter)."""
+    slept: list[float] = []
+    monkeypatch.setattr(transport, "_sleep", slept.append)
     api.script(model, [Turn(fail_status=429, headers={"Retry-After": "1"},
                             error_message="Number of request tokens has exceeded your limit"),
                        Turn(text="ok")])
-    start = time.monotonic()
     assert text_of(list(stream_messages(config(api, model), MESSAGES))) == "ok"
-    first, second = api.requests(model)
-    assert second["received_at"] - first["received_at"] >= 0.95
-    assert time.monotonic() - start < 3
+    assert len(api.requests(model)) == 2
+    (wait,) = slept
+    assert 1.0 <= wait <= 1.05
     assert settled(api, model) == ["failed", "complete"]
 
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
 
 from cortex_worker.llm import gateway
+from cortex_worker.llm import replay as replay_module
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.replay import replay_stream
 from cortex_worker.llm.stream import ModelError, TextDelta, Usage
@@ -67,16 +68,44 @@ def test_pieces_are_four_characters_and_usage_is_estimated(tmp_path: Path) -> No
     assert pieces[-1] == Usage(prompt_tokens=10, completion_tokens=11, total_tokens=21)
 
 
-def test_the_token_rate_is_roughly_respected(tmp_path: Path) -> None:
+class FakeClock:
+    """The replay module's clock and sleep: sleeping moves the clock, and each token's
+    consumer may take `work` seconds, so the schedule is checked without the machine's."""
+
+    def __init__(self, work: float = 0.0) -> None:
+        self.now, self.work = 100.0, work
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock(work=0.003)
+    monkeypatch.setattr(replay_module, "time", SimpleNamespace(monotonic=fake.monotonic))
+    monkeypatch.setattr(replay_module, "_sleep", fake.sleep)
+    return fake
+
+
+def test_the_token_rate_is_respected_on_a_schedule_that_does_not_drift(
+        tmp_path: Path, clock: FakeClock) -> None:
     config = replay(str(write_transcript(tmp_path, turns=["abcd" * 21])), tokens_per_second=100)
-    start = time.monotonic()
+    start = clock.now
     times = []
     for piece in replay_stream(config, []):
         if isinstance(piece, TextDelta):
-            times.append(time.monotonic() - start)
+            times.append(clock.now - start)
+            clock.now += clock.work  # the consumer's own time counts against the next interval
     assert len(times) == 21
-    assert times[0] < 0.05  # the first token at once
-    assert 0.18 <= times[-1] < 0.6  # 20 intervals of 10 ms, on a schedule that does not drift
+    assert times[0] == 0  # the first token at once
+    # 20 intervals of 10 ms, each sleep shortened by the consumer's 3 ms: no drift
+    assert times == pytest.approx([n * 0.01 for n in range(21)])
+    assert clock.sleeps == pytest.approx([0.007] * 20)
 
 
 def test_paths_resolve_from_the_cwd_or_the_base_dir(tmp_path: Path,
@@ -116,13 +145,15 @@ def test_gateway_dispatches_to_replay(tmp_path: Path) -> None:
     assert answer == TURNS[0] and usage is not None
 
 
-def test_the_stream_can_be_closed_early(tmp_path: Path) -> None:
+def test_the_stream_can_be_closed_early(tmp_path: Path, clock: FakeClock) -> None:
+    """Closing the stream between tokens ends it there: no sleep towards the next token."""
     config = replay(str(write_transcript(tmp_path, turns=["z" * 4000])), tokens_per_second=20)
     gen = replay_stream(config, [])
     next(gen)
-    start = time.monotonic()
     gen.close()
-    assert time.monotonic() - start < 0.1
+    assert clock.sleeps == []
+    with pytest.raises(StopIteration):
+        next(gen)
 
 
 def test_the_demo_transcript_is_valid_protocol() -> None:
