@@ -20,14 +20,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cortex_worker.protocol.events import EventType
+
 Event = dict[str, Any]
 AgUi = dict[str, Any]
 
 #: Warnings that mean the turn's model stream starts over: what it streamed is closed.
 RESTARTS = frozenset({"model_retry", "turn_restarted"})
 #: Parse events that end a run of `response_chunk`s: the next chunk is another response.
-RESPONSE_BREAKS = frozenset({"text", "thought_chunk", "thought_end", "action_parsed",
-                             "context_feed", "response_end"})
+RESPONSE_BREAKS = frozenset({EventType.text, EventType.thought_chunk, EventType.thought_end,
+                             EventType.action_parsed, EventType.context_feed,
+                             EventType.response_end})
 
 
 @dataclass(slots=True)
@@ -260,21 +263,21 @@ Handler = Callable[[AgUiTranslator, Event], list[AgUi]]
 #: `action_retrying`, `approval_requested`, `action_approved`, `action_rejected`, and any
 #: type added later) become `CUSTOM` events.
 HANDLERS: dict[str, Handler] = {
-    "job_queued": AgUiTranslator._run_started,
-    "turn_started": AgUiTranslator._turn_started,
-    "turn_completed": AgUiTranslator._turn_completed,
-    "usage": AgUiTranslator._usage,
-    "job_completed": AgUiTranslator._job_completed,
-    "job_failed": AgUiTranslator._job_failed,
-    "job_cancelled": AgUiTranslator._job_cancelled,
-    "thought_chunk": AgUiTranslator._thought_chunk,
-    "thought_end": AgUiTranslator._thought_end,
-    "response_chunk": AgUiTranslator._response_chunk,
-    "response_end": AgUiTranslator._response_end,
-    "warning": AgUiTranslator._warning,
-    "action_parsed": AgUiTranslator._action_parsed,
-    "action_completed": AgUiTranslator._action_completed,
-    "action_failed": AgUiTranslator._action_failed,
-    "action_skipped": AgUiTranslator._action_skipped,
-    "action_cancelled": AgUiTranslator._action_cancelled,
+    EventType.job_queued: AgUiTranslator._run_started,
+    EventType.turn_started: AgUiTranslator._turn_started,
+    EventType.turn_completed: AgUiTranslator._turn_completed,
+    EventType.usage: AgUiTranslator._usage,
+    EventType.job_completed: AgUiTranslator._job_completed,
+    EventType.job_failed: AgUiTranslator._job_failed,
+    EventType.job_cancelled: AgUiTranslator._job_cancelled,
+    EventType.thought_chunk: AgUiTranslator._thought_chunk,
+    EventType.thought_end: AgUiTranslator._thought_end,
+    EventType.response_chunk: AgUiTranslator._response_chunk,
+    EventType.response_end: AgUiTranslator._response_end,
+    EventType.warning: AgUiTranslator._warning,
+    EventType.action_parsed: AgUiTranslator._action_parsed,
+    EventType.action_completed: AgUiTranslator._action_completed,
+    EventType.action_failed: AgUiTranslator._action_failed,
+    EventType.action_skipped: AgUiTranslator._action_skipped,
+    EventType.action_cancelled: AgUiTranslator._action_cancelled,
 }

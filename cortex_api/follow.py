@@ -28,11 +28,21 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cortex_api.client import TERMINAL_EVENTS, Client
+from cortex_api.client import Client
+from cortex_worker.protocol.events import (
+    ACTION_END_EVENTS,
+    ACTION_FAILED,
+    ACTION_TERMINAL,
+    TERMINAL_EVENTS,
+    ActionStatus,
+    EventType,
+)
 
-FINAL = {"ok", "error", "timeout", "skipped", "cancelled"}
-STYLE = {"ok": "green", "error": "red", "timeout": "red", "skipped": "yellow",
-         "cancelled": "yellow", "running": "cyan", "queued": "blue", "retrying": "yellow",
+# An action's row also shows the view's own states: `parsed` (not registered yet) and
+# `retrying` (between two attempts).
+STYLE = {ActionStatus.ok: "green", ActionStatus.error: "red", ActionStatus.timeout: "red",
+         ActionStatus.skipped: "yellow", ActionStatus.cancelled: "yellow",
+         ActionStatus.running: "cyan", ActionStatus.queued: "blue", "retrying": "yellow",
          "parsed": "dim"}
 THOUGHT_KEEP = 8000  # characters of thought text kept for the live view
 
@@ -91,30 +101,30 @@ class JobView:
         kind, data, ts = event["type"], event.get("data") or {}, float(event["ts"])
         self.skew = ts - time.time()
         self.last_ts = ts if self.last_ts is None else max(self.last_ts, ts)
-        if kind == "job_started" or self.t0 is None:
+        if kind == EventType.job_started or self.t0 is None:
             self.t0 = ts
-        if kind == "thought_chunk":
+        if kind == EventType.thought_chunk:
             self.thought = (self.thought + data.get("text", ""))[-THOUGHT_KEEP:]
-        elif kind == "thought_end":
+        elif kind == EventType.thought_end:
             self.thought = self.thought.rstrip() + "\n\n"
-        elif kind == "response_chunk":
+        elif kind == EventType.response_chunk:
             self.response += data.get("text", "")
-        elif kind == "response_end":
+        elif kind == EventType.response_end:
             self.responses.append(data.get("text", ""))
             self.finals.append(bool(data.get("final", True)))
             self.response = ""
-        elif kind == "turn_started":
+        elif kind == EventType.turn_started:
             self.turns[int(data["turn"])] = {"start": ts, "end": None, "tokens": None}
-        elif kind == "usage":  # the turn's model stream has ended
+        elif kind == EventType.usage:  # the turn's model stream has ended
             turn = self.turns.get(int(data.get("turn", 0)))
             if turn is not None:
                 turn["end"] = turn["end"] or ts
                 turn["tokens"] = data.get("completion_tokens")
-        elif kind == "turn_completed":
+        elif kind == EventType.turn_completed:
             turn = self.turns.get(int(data.get("turn", 0)))
             if turn is not None and turn["end"] is None:
                 turn["end"] = ts
-        elif kind == "action_parsed":
+        elif kind == EventType.action_parsed:
             a = data["action"]
             self.actions[a["id"]] = {
                 "id": a["id"], "type": a.get("type", "tool"), "name": a.get("name", "?"),
@@ -129,20 +139,18 @@ class JobView:
 
     def _action(self, kind: str, data: dict[str, Any], ts: float, row: dict[str, Any]) -> None:
         runs: list[list[float | None]] = row["runs"]
-        if kind == "action_queued":
-            row["status"], row["queued"] = "queued", row["queued"] or ts
-        elif kind == "action_started":
-            row["status"], row["attempts"] = "running", row["attempts"] + 1
+        if kind == EventType.action_queued:
+            row["status"], row["queued"] = ActionStatus.queued, row["queued"] or ts
+        elif kind == EventType.action_started:
+            row["status"], row["attempts"] = ActionStatus.running, row["attempts"] + 1
             row["start"] = row["start"] or ts
             runs.append([ts, None])
-        elif kind == "action_retrying":
+        elif kind == EventType.action_retrying:
             row["status"], row["error"] = "retrying", data.get("error")
             if runs and runs[-1][1] is None:
                 runs[-1][1] = ts
-        elif kind in ("action_completed", "action_failed", "action_skipped", "action_cancelled"):
-            status = {"action_skipped": "skipped", "action_cancelled": "cancelled"}.get(kind)
-            row["status"] = status or data.get("status") or ("ok" if kind == "action_completed"
-                                                               else "error")
+        elif kind in ACTION_END_EVENTS:
+            row["status"] = data.get("status") or ACTION_END_EVENTS[kind]
             row["end"] = ts
             row["error"] = data.get("error") or data.get("reason") or row["error"]
             if runs and runs[-1][1] is None:
@@ -211,7 +219,7 @@ class JobView:
         for row in self.actions.values():
             seconds = self.duration(row, now)
             shown = "" if seconds is None else f"{seconds:.3f}"
-            if row["status"] == "running":
+            if row["status"] == ActionStatus.running:
                 shown += "…"
             state = row["status"] + (f" ×{row['attempts']}" if row["attempts"] > 1 else "")
             table.add_row(row["id"], row["type"], row["name"],
@@ -233,7 +241,7 @@ class JobView:
             title = "thinking" + (f" · turn {max(self.turns)}" if self.turns else "")
             body = Text("\n".join(self.thought_lines(width - 4, lines)), style="dim italic")
         elapsed = self.offset(self.last_ts if self.end else self.now())
-        running = sum(1 for r in self.actions.values() if r["status"] == "running")
+        running = sum(1 for r in self.actions.values() if r["status"] == ActionStatus.running)
         subtitle = (f"{elapsed or 0:.1f} s · {len(self.actions)} actions, {running} running"
                     if self.t0 is not None else "waiting for the job to start")
         panel = Panel(body, title=title, title_align="left", subtitle=subtitle,
@@ -270,9 +278,9 @@ class JobView:
             first = row["start"] if row["start"] is not None else (row["end"] or last)
             marks.append((glyph["wait"], "dim", row["parsed"], first))
             marks.append((glyph["parsed"], "bold", row["parsed"], row["parsed"]))
-            style = STYLE.get(row["status"], "cyan") if row["status"] in FINAL else "cyan"
+            style = STYLE.get(row["status"], "cyan") if row["status"] in ACTION_TERMINAL else "cyan"
             marks += [(glyph["run"], style, s, e if e is not None else last) for s, e in row["runs"]]
-            if row["status"] in ("error", "timeout") and row["end"] is not None:
+            if row["status"] in ACTION_FAILED and row["end"] is not None:
                 at = row["runs"][-1][0] if row["runs"] else row["end"]  # on the last run's end
                 marks.append((glyph["failed"], "red", at, row["end"]))
             elif not row["runs"] and row["end"] is not None:
@@ -343,31 +351,31 @@ class _Plain:
     def __call__(self, event: dict[str, Any]) -> None:
         kind, data = event["type"], event.get("data") or {}
         stamp = f"{self.view.offset(float(event['ts'])) or 0:6.2f}s"
-        if kind == "thought_chunk":
+        if kind == EventType.thought_chunk:
             self.pending += data.get("text", "")
             *done, self.pending = self.pending.split("\n")
             for line in done:
                 self._thought(line)
-        elif kind == "thought_end":
+        elif kind == EventType.thought_end:
             self._thought(self.pending)
             self.pending = ""
-        elif kind == "turn_started":
+        elif kind == EventType.turn_started:
             self._print(f"{stamp}  ── turn {data.get('turn')}", "bold")
-        elif kind == "action_started" or kind in ("action_completed", "action_failed",
-                                                   "action_skipped", "action_cancelled"):
+        elif kind == EventType.action_started or kind in ACTION_END_EVENTS:
             row = self.view.actions.get(data.get("action_id", ""))
             if row is None:
                 return
             what = f"{row['id']} ({row['type']} {row['name']})"
-            if kind == "action_started":
+            if kind == EventType.action_started:
                 waited = float(event["ts"]) - row["parsed"]
                 self._print(f"{stamp}  ▶ {what} started, {waited:.2f} s after its </action>",
                             "cyan")
             else:
                 seconds = self.view.duration(row, float(event["ts"]))
                 took = f" in {seconds:.3f} s" if seconds is not None else ""
-                error = f": {row['error']}" if row["error"] and row["status"] != "ok" else ""
-                mark = "✓" if row["status"] == "ok" else "✗"
+                ok = row["status"] == ActionStatus.ok
+                error = f": {row['error']}" if row["error"] and not ok else ""
+                mark = "✓" if ok else "✗"
                 self._print(f"{stamp}  {mark} {what} {row['status']}{took}{error}",
                             STYLE.get(row["status"], ""))
 
@@ -420,7 +428,7 @@ def print_outcome(view: JobView, console: Console) -> None:
             console.print(Text(text.strip(), style="dim"))
     if view.end:
         data = view.end["data"]
-        style = "green" if view.end["type"] == "job_completed" else "red"
+        style = "green" if view.end["type"] == EventType.job_completed else "red"
         took = view.offset(float(view.end["ts"]))
         console.print(f"[{style}]{view.end['type']}[/] after {took or 0:.2f} s "
                       f"{data.get('error') or data.get('reason') or ''}".rstrip(),

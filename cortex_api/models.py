@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -12,21 +11,11 @@ from pydantic_core import PydanticCustomError
 
 from cortex_worker.jobs.options import JobOptions
 from cortex_worker.jobs.record import JobRecord
+from cortex_worker.protocol.events import ActionStatus, JobStatus
 
 __all__ = ["ActionView", "HealthStatus", "JobCreate", "JobCreated", "JobLinks", "JobList",
            "JobOptions", "JobStatus", "JobStatusView", "JobSummary", "JobView", "Readiness",
            "ValidateRequest"]
-
-
-class JobStatus(StrEnum):
-    """The life of a job."""
-
-    queued = "queued"
-    running = "running"
-    finishing = "finishing"
-    completed = "completed"
-    failed = "failed"
-    cancelled = "cancelled"
 
 
 # -- requests -----------------------------------------------------------------------------
@@ -169,7 +158,7 @@ class ActionView(BaseModel):
         error = record.get("error")
         return cls(
             id=action_id, type=spec.get("type"), mode=spec.get("mode"), name=spec.get("name"),
-            output_key=spec.get("output_key"), status=entry.get("status") or "pending",
+            output_key=spec.get("output_key"), status=entry.get("status") or ActionStatus.pending,
             attempts=int(entry.get("attempts") or 0),
             depends_on=list(spec.get("depends_on") or []), after=list(spec.get("after") or []),
             started_at=started, finished_at=finished, duration_ms=duration,

@@ -27,13 +27,12 @@ from starlette.types import Message, Send
 
 from cortex_api.agui import AgUiTranslator
 from cortex_api.errors import REDIS_ERRORS
-from cortex_worker.jobs.record import JOB_TERMINAL
+from cortex_worker.protocol.events import JOB_TERMINAL, TERMINAL_EVENTS
 from cortex_worker.store.keys import channel, job_keys
 from cortex_worker.store.state import dumps
 
 log = logging.getLogger("cortex.api.sse")
 
-TERMINAL_EVENTS = frozenset({"job_completed", "job_failed", "job_cancelled"})
 HEARTBEAT_S = 15.0
 PAGE_SIZE = 500
 QUEUE_SIZE = 1000
@@ -44,6 +43,7 @@ REDIS_PAUSES_S = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
 STREAM_FORMATS = ("cortex", "ag-ui")
 
 Event = dict[str, Any]
+"""An event as the log holds it (`protocol.events.Event`'s fields): passed through unparsed."""
 
 
 # -- wire format (pure) -------------------------------------------------------------------

@@ -27,13 +27,19 @@ from cortex_api.client.errors import (
     Unauthorized,
     Unavailable,
 )
-from cortex_api.client.events import TERMINAL_EVENTS, Event
 from cortex_api.client.sync import Client
-from cortex_api.models import JobCreated, JobList, JobOptions, JobStatus, JobStatusView, JobView
+from cortex_api.models import JobCreated, JobList, JobOptions, JobStatusView, JobView
+from cortex_worker.protocol.events import (
+    TERMINAL_EVENTS,
+    ActionStatus,
+    Event,
+    EventType,
+    JobStatus,
+)
 
 __all__ = [
-    "TERMINAL_EVENTS", "APIError", "AsyncClient", "BadRequest", "Client", "Conflict",
-    "ConnectionFailed", "CortexClientError", "Event", "InvalidRequest", "JobCreated", "JobList",
-    "JobOptions", "JobStatus", "JobStatusView", "JobTimeout", "JobView", "NotFound",
-    "PayloadTooLarge", "ServerError", "Unauthorized", "Unavailable",
+    "TERMINAL_EVENTS", "APIError", "ActionStatus", "AsyncClient", "BadRequest", "Client",
+    "Conflict", "ConnectionFailed", "CortexClientError", "Event", "EventType", "InvalidRequest",
+    "JobCreated", "JobList", "JobOptions", "JobStatus", "JobStatusView", "JobTimeout", "JobView",
+    "NotFound", "PayloadTooLarge", "ServerError", "Unauthorized", "Unavailable",
 ]

@@ -11,7 +11,7 @@ import httpx
 
 from cortex_api.client import calls
 from cortex_api.client.errors import Unavailable, error_for
-from cortex_api.client.events import Event, EventStream
+from cortex_api.client.events import EventStream
 from cortex_api.models import (
     ApprovalDecision,
     JobCreated,
@@ -20,6 +20,7 @@ from cortex_api.models import (
     JobStatusView,
     JobView,
 )
+from cortex_worker.protocol.events import Event
 
 if TYPE_CHECKING:
     from cortex_api.routes.registry import AgentView, ToolView

@@ -1,4 +1,5 @@
-"""A job's events on the client: the typed `Event`, the SSE decoder, and the resume state.
+"""A job's events on the client: the SSE decoder and the resume state. The typed `Event`
+and the event types are the engine's own vocabulary (`cortex_worker.protocol.events`).
 
 `EventStream` holds everything about following one job that does not depend on how bytes
 are read, so `Client` and `AsyncClient` each only run its loop: connect with its headers,
@@ -8,32 +9,10 @@ feed it the lines, and ask it what to do when the connection drops.
 from __future__ import annotations
 
 import time
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from cortex_api.client.calls import job_path
 from cortex_api.client.errors import ConnectionFailed, JobTimeout
-
-TERMINAL_EVENTS = frozenset({"job_completed", "job_failed", "job_cancelled"})
-"""The types of a job's last event: the stream closes after one of them."""
-
-
-class Event(BaseModel):
-    """One entry of a job's event log; `data` depends on `type` (docs/runtime.md#events)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    job_id: str
-    seq: int = Field(description="1, 2, 3... without gaps: the SSE id to resume after")
-    ts: float = Field(description="Unix seconds")
-    type: str
-    data: dict[str, Any] = Field(default_factory=dict)
-
-    @property
-    def terminal(self) -> bool:
-        """Whether this is the job's last event (`job_completed`, `job_failed`, `job_cancelled`)."""
-        return self.type in TERMINAL_EVENTS
+from cortex_worker.protocol.events import Event
 
 
 class SSEDecoder:

@@ -15,12 +15,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from cortex_worker.jobs.options import JobOptions
+from cortex_worker.protocol.events import JOB_TERMINAL
 from cortex_worker.store.keys import DEFAULT_TTL_S
 
 JobKindName = Literal["document", "workflow", "agent"]
-#: Job states (docs/architecture.md, "The job state machine").
-JOB_STATES = ("queued", "running", "finishing", "completed", "failed", "cancelled")
-JOB_TERMINAL = frozenset({"completed", "failed", "cancelled"})
 #: The tenant of jobs and sessions created without API keys configured.
 DEFAULT_TENANT = "default"
 
@@ -37,7 +35,7 @@ class JobRecord(BaseModel):
 
     id: str
     kind: JobKindName = "document"
-    status: str = "queued"
+    status: str = "queued"  # a `JobStatus` (protocol.events), kept a str as the scripts write it
     tenant: str = DEFAULT_TENANT
     created_at: float = 0.0
     started_at: float | None = None

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from cortex_worker.app import POOLS
+from cortex_worker.protocol.events import JOB_LIVE, JobStatus
 from cortex_worker.store.keys import (
     JOBS_INDEX,
     METRIC_COUNTERS,
@@ -36,7 +37,6 @@ from cortex_worker.store.keys import (
 
 #: `cortex_jobs{status}` counts the newest jobs of the index, at most this many.
 JOB_SCAN_LIMIT = 10_000
-JOB_STATUSES = ("queued", "running", "finishing", "completed", "failed", "cancelled")
 
 
 def buckets() -> tuple[float, ...]:
@@ -133,7 +133,7 @@ class CortexCollector(Collector):
             "Time from an action's last claim to its end, by action type and final status.",
             ["type", "status"], duration)
 
-        statuses = dict.fromkeys(JOB_STATUSES, 0)
+        statuses = {status.value: 0 for status in JobStatus}
         if job_ids:
             pipe = self.redis.pipeline(transaction=False)
             for job_id in job_ids:
@@ -149,7 +149,7 @@ class CortexCollector(Collector):
         yield jobs
         yield GaugeMetricFamily("cortex_jobs_running",
                                 "Jobs not ended yet (queued, running or finishing).",
-                                value=sum(statuses.get(s, 0) for s in ("queued", "running", "finishing")))
+                                value=sum(statuses[s] for s in JOB_LIVE))
 
         if self.broker is not None:
             pipe = self.broker.pipeline(transaction=False)

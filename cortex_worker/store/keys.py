@@ -22,7 +22,7 @@ METRIC_DURATION = f"{PREFIX}:metrics:hist:duration"
 ACTIVE_JOBS = f"{PREFIX}:active"
 #: Held for one pass by the process that reconciles now (one at a time, any may).
 RECONCILER_LOCK = f"{PREFIX}:reconciler"
-#: The built-in key-value relic's keys start with this.
+#: The built-in key-value relic's keys start with this (`relic_kv_key`).
 RELIC_KV_PREFIX = f"{PREFIX}:relic:kv"
 #: How long a job's keys live when its record does not say (7 days).
 DEFAULT_TTL_S = 604800
@@ -107,3 +107,9 @@ def session_key(session_id: str) -> str:
 def feed_cache_key(tenant: str, owner: str, feed_id: str, digest: str) -> str:
     """A feed value shared by the jobs of one tenant and agent (`owner`) while fresh."""
     return f"{PREFIX}:feedcache:{tenant}:{owner}:{feed_id}:{digest}"
+
+
+def relic_kv_key(namespace: str, key: str) -> str:
+    """A key of the built-in `kv` relic: one namespace per agent, so agents never share keys
+    (`relic_kv_key(namespace, "")` is the namespace's prefix, for SCAN)."""
+    return f"{RELIC_KV_PREFIX}:{namespace}:{key}"

@@ -19,7 +19,8 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from cortex_worker.errors import CortexError
-from cortex_worker.jobs.record import DEFAULT_TENANT, JOB_TERMINAL, JobRecord, encode
+from cortex_worker.jobs.record import DEFAULT_TENANT, JobRecord, encode
+from cortex_worker.protocol.events import ACTION_TERMINAL, JOB_TERMINAL
 from cortex_worker.store.keys import (
     ACTIVE_JOBS,
     DEFAULT_TTL_S,
@@ -33,7 +34,6 @@ from cortex_worker.store.keys import (
     tool_waiting_key,
 )
 
-TERMINAL = frozenset({"ok", "error", "timeout", "skipped", "cancelled"})
 RECONNECT_RETRIES = 40  # with a 1 s backoff cap: about 35 s without Redis
 MAX_CONNECTIONS = 1024
 """Connections one process may open; past that a command waits for one (`POOL_WAIT_S`).
@@ -75,7 +75,7 @@ def _action_states(statuses: dict[str, str], leases: dict[str, str], timings: di
                    redrives: dict[str, str]) -> dict[str, ActionState]:
     out: dict[str, ActionState] = {}
     for action_id, status in statuses.items():
-        if status in TERMINAL:
+        if status in ACTION_TERMINAL:
             continue
         owner, expiry = None, None
         if action_id in leases:

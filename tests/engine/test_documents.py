@@ -12,7 +12,8 @@ import pytest
 from cortex_worker.actions import dispatch
 from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.jobs.options import JobOptions
-from cortex_worker.store.state import TERMINAL, Store
+from cortex_worker.protocol.events import ACTION_TERMINAL
+from cortex_worker.store.state import Store
 from cortex_worker.testing import CANVAS, StubBroker
 from tests.engine.helpers import RoundTrips, action, events, of, one, status
 
@@ -165,7 +166,7 @@ def test_cancel_mid_plan_runs_nothing_more(store: Store, broker: StubBroker) -> 
     assert one(log, "job_cancelled")["reason"] == "cancelled by request"
     assert log[-1]["type"] == "job_cancelled"
     results = store.results(job_id, ["first", "second", "third", "side"])
-    assert len(results) == 4 and all(r["status"] in TERMINAL for r in results.values())
+    assert len(results) == 4 and all(r["status"] in ACTION_TERMINAL for r in results.values())
 
 
 def test_cancelled_job_ignores_a_message_that_was_already_taken(store: Store,

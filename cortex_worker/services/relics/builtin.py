@@ -3,8 +3,8 @@
 The namespace is the agent whose job runs the action, or "documents" for submitted
 documents: agents never see each other's keys or tables.
 
-- kv: key `cx:relic:kv:<namespace>:<key>`, the value stored as JSON text; `list` walks the
-  namespace with SCAN (never KEYS).
+- kv: key `cx:relic:kv:<namespace>:<key>` (`keys.relic_kv_key`), the value stored as JSON
+  text; `list` walks the namespace with SCAN (never KEYS).
 - sql: one SQLite file per namespace, `<workspace_root>/relics/sql/<namespace>.sqlite3`.
   `query` is read-only twice over: the database is opened with `mode=ro` and an authorizer
   refuses anything but reading. Values are always bound (`?` / `:name`), never formatted
@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from cortex_worker.store.keys import RELIC_KV_PREFIX
+from cortex_worker.store.keys import relic_kv_key
 from cortex_worker.tools.errors import ToolError, ToolTimeout
 
 MAX_VALUE_BYTES = 1024 * 1024
@@ -34,10 +34,6 @@ _GLOB = re.compile(r"([*?\[\]\\])")
 
 
 # ---------------------------------------------------------------- kv
-
-
-def kv_key(namespace: str, key: str) -> str:
-    return f"{RELIC_KV_PREFIX}:{namespace}:{key}"
 
 
 def _glob_escape(text: str) -> str:
@@ -53,7 +49,7 @@ def run_kv(client: redis.Redis, namespace: str, operation: str, params: dict[str
 
 
 def _kv_get(client: redis.Redis, namespace: str, params: dict[str, Any]) -> Any:
-    raw = client.get(kv_key(namespace, params["key"]))
+    raw = client.get(relic_kv_key(namespace, params["key"]))
     if raw is None:
         return {"key": params["key"], "found": False, "value": None}
     return {"key": params["key"], "found": True, "value": json.loads(raw)}
@@ -66,18 +62,19 @@ def _kv_set(client: redis.Redis, namespace: str, params: dict[str, Any]) -> Any:
                         f"at most {MAX_VALUE_BYTES} are allowed")
     ttl = params.get("ttl")
     px = max(1, round(float(ttl) * 1000)) if ttl is not None else None
-    client.set(kv_key(namespace, params["key"]), text, px=px)
+    client.set(relic_kv_key(namespace, params["key"]), text, px=px)
     return {"key": params["key"], "stored": True, "ttl": ttl}
 
 
 def _kv_delete(client: redis.Redis, namespace: str, params: dict[str, Any]) -> Any:
-    return {"key": params["key"], "deleted": bool(client.delete(kv_key(namespace, params["key"])))}
+    deleted = client.delete(relic_kv_key(namespace, params["key"]))
+    return {"key": params["key"], "deleted": bool(deleted)}
 
 
 def _kv_list(client: redis.Redis, namespace: str, params: dict[str, Any]) -> Any:
     prefix = params.get("prefix") or ""
     limit = int(params.get("limit") or 100)
-    base = kv_key(namespace, "")
+    base = relic_kv_key(namespace, "")
     pattern = _glob_escape(base + prefix) + "*"
     keys: set[str] = set()
     truncated = False
