@@ -37,7 +37,7 @@ from typing import Any, Self
 
 __all__ = ["HOLD_TIMEOUT_S", "FakeLLM", "Turn"]
 
-#: The longest a `Turn.hold_after_chars` holds its stream when `release` is never set.
+#: The longest a `Turn.holds` entry holds its stream when its event is never set.
 HOLD_TIMEOUT_S = 60.0
 
 
@@ -55,11 +55,11 @@ class Turn:
     trigger client timeouts); `error_message`: the message of a `fail_status` answer;
     `end_token`: the end of the message (its `finish_reason` chunk) comes a token after the
     last one, as an engine streams it once the model has written its end-of-turn token
-    (otherwise it follows the last chunk at once); `hold_after_chars`: once that many
-    characters of text are written, write nothing more until the test sets `release` (or
-    `HOLD_TIMEOUT_S` passed, so a runtime that never gets there fails the test's assertions
-    instead of hanging it): a test observes what the runtime did mid-stream by the order of
-    events, not by the clock.
+    (otherwise it follows the last chunk at once); `holds`: token number (from 0, as in
+    `token_times`) -> an event the test sets: once that token is written, nothing more is
+    until it is set (or `HOLD_TIMEOUT_S` passed, so a runtime that never gets there fails the
+    test's assertions instead of hanging it): a test observes what the runtime did mid-stream
+    by the order of events, not by the clock.
     """
 
     text: str = ""
@@ -73,8 +73,7 @@ class Turn:
     delay_s: float = 0.0
     error_message: str | None = None
     end_token: bool = False
-    hold_after_chars: int | None = None
-    release: threading.Event = field(default_factory=threading.Event)
+    holds: dict[int, threading.Event] = field(default_factory=dict)
 
 
 class _Dropped(Exception):
@@ -404,6 +403,11 @@ class _Handler(BaseHTTPRequestHandler):
             tick += 1
             fake._tick(model, index)
 
+        def written() -> None:
+            """The token `pace` began is written: hold here if the script says so."""
+            if tick - 1 in turn.holds:
+                fake._hold(turn.holds[tick - 1])
+
         size = max(1, turn.chunk_chars)
         limit = turn.fail_after_chars
         self._event(delta({"role": "assistant", "content": ""}))
@@ -420,18 +424,19 @@ class _Handler(BaseHTTPRequestHandler):
             fake._log(model, index, sent)
             if limit is not None and sent >= limit:
                 self._drop()
-            if turn.hold_after_chars is not None and sent - len(piece) < turn.hold_after_chars <= sent:
-                fake._hold(turn.release)
+            written()
         for number, call in enumerate(turn.tool_calls):
             pace()
             self._event(delta({"tool_calls": [{
                 "index": number, "id": call.get("id") or f"call_{number}", "type": "function",
                 "function": {"name": call["name"], "arguments": ""}}]}))
+            written()
             arguments = _arguments_text(call)
             for offset in range(0, len(arguments), size):
                 pace()
                 self._event(delta({"tool_calls": [{
                     "index": number, "function": {"arguments": arguments[offset:offset + size]}}]}))
+                written()
         if limit is not None:  # fewer characters than the limit: drop before finishing
             self._drop()
         if turn.end_token:

@@ -156,8 +156,9 @@ def test_an_action_in_a_thought_starts_while_the_model_is_still_thinking(
     early = act("early", "echo", {"message": "pong"}, mode="async")
     filler = "While it runs I keep reasoning about the rest of the task, slowly. " * 4
     text = f"{head}{early}{filler}</thought>{final('The lookup said $early.')}"
-    script = turn(text, chunk_chars=8, hold_after_chars=text.index(early) + len(early))
-    llm.script(model, [script])
+    closed = text.index(early) + len(early)  # the characters up to `</action>`
+    release = threading.Event()
+    llm.script(model, [turn(text, chunk_chars=8, holds={(closed - 1) // 8: release})])
 
     job_id = start(api, "tester", "Look it up.", model=model)
     written_when_completed: list[int] = []
@@ -166,7 +167,7 @@ def test_an_action_in_a_thought_starts_while_the_model_is_still_thinking(
             if event.type == "action_completed" and event.data.get("action_id") == "early":
                 (log,) = llm.stream_log(model)
                 written_when_completed.append(log[-1][1])
-                script.release.set()
+                release.set()
     events = finish(api, job_id)
 
     assert types(events, chunks=False) == [
@@ -189,7 +190,7 @@ def test_an_action_in_a_thought_starts_while_the_model_is_still_thinking(
     # the fake server's own record: when the action had completed, it was still holding the
     # stream just past `</action>`, and it wrote the rest (filler, `</thought>`, answer) after
     (written,) = written_when_completed
-    assert text.index(early) + len(early) <= written < text.index(early) + len(early) + 8
+    assert closed <= written < closed + 8
     assert llm.stream_log(model)[0][-1][1] == len(text)
     assert llm.outcomes(model) == ["complete"]
     assert events[-1]["data"]["result"] == "The lookup said pong."

@@ -301,12 +301,17 @@ def test_text_deltas_arrive_as_streamed_and_thinking_is_not_text(
 
 
 def test_text_is_yielded_while_the_model_is_still_writing(api: FakeAnthropic, model: str) -> None:
-    api.script(model, [Turn(text="x" * 200, chunk_chars=4, tokens_per_second=100)])  # ~0.5 s
-    seen: list[float] = []
+    """Not buffered until the end: the server holds its stream after the text block until
+    the test has seen the text, and the message's end was not sent by then."""
+    text_done = threading.Event()
+    api.script(model, [Turn(text="x" * 200, chunk_chars=4, holds={0: text_done})])
+    sent_when_seen: list[dict[str, Any]] = []
     for piece in stream_messages(config(api, model), MESSAGES):
-        if isinstance(piece, TextDelta):
-            seen.append(time.monotonic())
-    assert seen[-1] - seen[0] > 0.3  # not buffered until the end
+        if isinstance(piece, TextDelta) and not text_done.is_set():
+            sent_when_seen.append(api.events(model)[0][-1])
+            text_done.set()
+    assert sent_when_seen[0]["type"] in {"content_block_delta", "content_block_stop"}
+    assert [e["type"] for e in api.events(model)[0]][-1] == "message_stop"
 
 
 def test_tool_use_blocks_are_assembled_from_input_json_deltas(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -122,53 +123,71 @@ def test_tool_calls_are_assembled_from_fragments(llm: FakeLLM, model: str) -> No
     assert kinds[-1] == "Usage"
 
 
+def held_calls(llm: FakeLLM, model: str, holds: dict[int, threading.Event]
+               ) -> list[tuple[ToolCall, int]]:
+    """Each tool call the gateway yields, with how many tokens the server had written when
+    it was yielded; each yield releases the next of `holds` (by token number)."""
+    waiting = [holds[token] for token in sorted(holds)]
+    seen: list[tuple[ToolCall, int]] = []
+    for piece in gateway.stream_chat(config(llm, model), MESSAGES):
+        if isinstance(piece, ToolCall):
+            seen.append((piece, len(llm.token_times(model)[0])))
+            if waiting:
+                waiting.pop(0).set()
+    return seen
+
+
+def argument_tokens(call: dict[str, Any], size: int = 4) -> int:
+    return -(-len(json.dumps(call["arguments"])) // size)
+
+
 def test_each_tool_call_is_yielded_once_the_next_one_starts(llm: FakeLLM, model: str) -> None:
     """A call is complete when a later index starts: it can run while the model streams the
-    next one, instead of waiting for the end of the message."""
+    next one, instead of waiting for the end of the message. The server holds its stream
+    once the second call has begun until the first was yielded."""
     calls = [{"id": "call_1", "name": "echo", "arguments": {"message": "first"}},
              {"id": "call_2", "name": "echo", "arguments": {"message": "x" * 200}}]
-    # the second call's arguments take about 0.5 s to stream (4 characters per 10 ms)
-    llm.script(model, [Turn(tool_calls=calls, chunk_chars=4, tokens_per_second=100)])
-    seen: list[tuple[float, Any]] = []
-    for piece in gateway.stream_chat(config(llm, model), MESSAGES):
-        seen.append((time.monotonic(), piece))
-    ended = time.monotonic()
-    first, second = [(at, piece) for at, piece in seen if isinstance(piece, ToolCall)]
-    assert (first[1].id, second[1].id) == ("call_1", "call_2")
-    assert first[1].arguments == {"message": "first"}
-    assert ended - first[0] > 0.25  # yielded while the second call was still streaming
-    assert second[1].arguments == {"message": "x" * 200}
+    second_head = 1 + argument_tokens(calls[0])  # token 0: the first call's head
+    holds = {second_head: threading.Event()}
+    llm.script(model, [Turn(tool_calls=calls, chunk_chars=4, tokens_per_second=2000, holds=holds)])
+    (first, written), (second, _) = held_calls(llm, model, holds)
+    assert (first.id, second.id) == ("call_1", "call_2")
+    assert first.arguments == {"message": "first"}
+    # yielded while the second call was still streaming: at most its head was written
+    assert written <= second_head + 1 < 2 + argument_tokens(calls[0]) + argument_tokens(calls[1])
+    assert second.arguments == {"message": "x" * 200}
+    assert len(llm.token_times(model)[0]) == 2 + argument_tokens(calls[0]) + argument_tokens(calls[1])
 
 
 def test_a_tool_call_is_yielded_the_moment_its_arguments_close(llm: FakeLLM,
                                                               model: str) -> None:
     """Its last argument fragment completes a call: it runs before the model has begun the
-    next one (a real model writes the next call's name first, or its end-of-message)."""
+    next one (a real model writes the next call's name first, or its end-of-message). The
+    server holds its stream after that fragment until the call was yielded."""
     calls = [{"id": "call_1", "name": "echo", "arguments": {"message": "first"}},
              {"id": "call_2", "name": "echo", "arguments": {"message": "second"}}]
-    llm.script(model, [Turn(tool_calls=calls, chunk_chars=4, tokens_per_second=20)])
-    yielded = {piece.id: time.monotonic()
-               for piece in gateway.stream_chat(config(llm, model), MESSAGES)
-               if isinstance(piece, ToolCall)}
-    ticks = llm.token_times(model)[0]
-    last_fragment = -(-len(json.dumps(calls[0]["arguments"])) // 4)  # tick 0: the call's head
-    assert ticks[last_fragment] <= yielded["call_1"] < ticks[last_fragment + 1]
-    assert list(yielded) == ["call_1", "call_2"]
+    last_fragment = argument_tokens(calls[0])  # tick 0: the call's head
+    holds = {last_fragment: threading.Event()}
+    llm.script(model, [Turn(tool_calls=calls, chunk_chars=4, tokens_per_second=2000, holds=holds)])
+    seen = held_calls(llm, model, holds)
+    (first, written), (second, _) = seen
+    assert (first.id, second.id) == ("call_1", "call_2")
+    assert written == last_fragment + 1  # nothing of the next call was written yet
 
 
 def test_the_last_call_runs_before_the_message_ends(llm: FakeLLM, model: str) -> None:
     """An engine ends a message a token after its last chunk (the model's end-of-turn token):
-    the message's last call is yielded at its last argument fragment, before that end."""
+    the message's last call is yielded at its last argument fragment, before that end. The
+    server holds its stream after that fragment until the call was yielded."""
     calls = [{"id": "call_1", "name": "echo", "arguments": {"message": "only"}}]
-    llm.script(model, [Turn(tool_calls=calls, tokens_per_second=10, end_token=True)])
-    yielded = 0.0
-    for piece in gateway.stream_chat(config(llm, model), MESSAGES):
-        if isinstance(piece, ToolCall):
-            yielded = time.monotonic()
-    ended = time.monotonic()
-    ticks = llm.token_times(model)[0]
-    assert len(ticks) == 1 + -(-len(json.dumps(calls[0]["arguments"])) // 4) + 1
-    assert ticks[-2] <= yielded < ticks[-1] < ended
+    last_fragment = argument_tokens(calls[0])
+    holds = {last_fragment: threading.Event()}
+    llm.script(model, [Turn(tool_calls=calls, tokens_per_second=2000, end_token=True,
+                            holds=holds)])
+    ((call, written),) = held_calls(llm, model, holds)
+    assert call.id == "call_1"
+    assert written == last_fragment + 1  # the end-of-turn token was not written yet
+    assert len(llm.token_times(model)[0]) == 1 + argument_tokens(calls[0]) + 1
 
 
 def chunk(*fragments: dict[str, Any], finish: str | None = None) -> str:
