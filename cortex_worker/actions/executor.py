@@ -20,6 +20,7 @@ from cortex_worker.errors import SubmitError
 from cortex_worker.handles import get_registry, get_store
 from cortex_worker.llm.stream import ModelError
 from cortex_worker.observability import tracing
+from cortex_worker.protocol.events import EventType
 from cortex_worker.protocol.variables import find_references, substitute
 from cortex_worker.recovery.liveness import is_dead
 from cortex_worker.recovery.owners import owner
@@ -230,10 +231,10 @@ def _record(store: Store, job_id: str, action_id: str, spec: Mapping[str, Any], 
         record["value"] = data["result"] = value
         if truncated:
             record["truncated"] = data["truncated"] = True
-        var, event = value, "action_completed"
+        var, event = value, EventType.action_completed
     else:
         record["error"] = data["error"] = error
-        var, event = {"error": error, "status": status}, "action_failed"
+        var, event = {"error": error, "status": status}, EventType.action_failed
     result = store.finish(job_id, action_id, status, record, var, spec.get("output_key"),
                           (event, data))
     if not result.recorded:
