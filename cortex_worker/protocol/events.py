@@ -92,16 +92,22 @@ class EventType(StrEnum):
     feed_updated = "feed_updated"
 
 
-#: The event that ends a job in each final status (`close.lua` logs it last).
-END_EVENTS = {JobStatus.completed: EventType.job_completed, JobStatus.failed: EventType.job_failed,
-              JobStatus.cancelled: EventType.job_cancelled}
+#: The event that ends a job in each final status (`close.lua` logs it last). Keyed by str:
+#: statuses read from Redis are plain strings.
+END_EVENTS: dict[str, EventType] = {
+    JobStatus.completed: EventType.job_completed,
+    JobStatus.failed: EventType.job_failed,
+    JobStatus.cancelled: EventType.job_cancelled,
+}
 #: The types of a job's last event: a stream closes after one of them.
 TERMINAL_EVENTS = frozenset(END_EVENTS.values())
 #: The events that record an action's end, and the status each implies when its data has none.
-ACTION_END_EVENTS = {EventType.action_completed: ActionStatus.ok,
-                     EventType.action_failed: ActionStatus.error,
-                     EventType.action_skipped: ActionStatus.skipped,
-                     EventType.action_cancelled: ActionStatus.cancelled}
+ACTION_END_EVENTS: dict[str, ActionStatus] = {
+    EventType.action_completed: ActionStatus.ok,
+    EventType.action_failed: ActionStatus.error,
+    EventType.action_skipped: ActionStatus.skipped,
+    EventType.action_cancelled: ActionStatus.cancelled,
+}
 
 
 class Event(BaseModel):
