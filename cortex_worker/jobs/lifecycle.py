@@ -30,6 +30,7 @@ from cortex_worker.plan.canvas import decompose
 from cortex_worker.plan.dag import Plan
 from cortex_worker.protocol.actions import Action
 from cortex_worker.protocol.document import Document, load_document
+from cortex_worker.protocol.events import END_EVENTS, EventType, JobStatus
 from cortex_worker.recovery.owners import CHILD_OWNER
 from cortex_worker.settings import Settings, get_settings
 from cortex_worker.store.state import SessionTurn, Store, dumps
@@ -167,7 +168,7 @@ def _create(store: Store, kind: JobKindName, fields: dict[str, Any], queued: dic
     links = {"parent_job": parent[0], "parent_action": parent[1], "depth": depth} if parent else {}
     # a session's message is recorded with the job, before the job can reply to it
     store.create_job(job_id, record, settings.event_retention_s,
-                     [("job_queued", {"kind": kind, **queued, **links})], session=session)
+                     [(EventType.job_queued, {"kind": kind, **queued, **links})], session=session)
     store.set_variables(job_id, variables or {})
     if history:
         store.append_conversation(job_id, *history)
@@ -208,7 +209,7 @@ def _adopt(store: Store, parent: tuple[str, str], child: str) -> bool:
     cancelled here, since the parent's own cancel may have listed its children before this one
     was added (it adds before it looks; a parent ends before it lists)."""
     store.add_child(parent[0], child)
-    store.emit(parent[0], [("child_job", {"action_id": parent[1], "job_id": child})], live=True)
+    store.emit(parent[0], [(EventType.child_job, {"action_id": parent[1], "job_id": child})], live=True)
     status = store.peek(parent[0], "status")
     if status is not None and not status.ended:
         return True
@@ -286,7 +287,7 @@ def on_drained(store: Store, job_id: str) -> None:
     """Nothing is left to wait for: the job's kind says whether it is done (an agent job
     takes its next turn instead)."""
     job = store.get_job(job_id)
-    if job is None or job.status != "finishing":
+    if job is None or job.status != JobStatus.finishing:
         return
     if KINDS[job.kind].on_drained(store, job):
         finalize(store, job)
@@ -305,7 +306,7 @@ def finalize(store: Store, job: JobRecord) -> None:
     result = outcome.result
     text = "" if result is None else result if isinstance(result, str) else dumps(result)
     end_job(store, job.id, outcome.status, summary, {"result": text, "error": outcome.error},
-            events=outcome.events, only_if="finishing", result=result)
+            events=outcome.events, only_if=JobStatus.finishing, result=result)
 
 
 def end_job(store: Store, job_id: str, status: str, data: dict[str, Any],
@@ -323,7 +324,7 @@ def end_job(store: Store, job_id: str, status: str, data: dict[str, Any],
         return False
     error = data.get("error") or data.get("reason")
     KINDS[job.kind].ending(store, job, status, result, error)
-    kind = {"completed": "job_completed", "cancelled": "job_cancelled"}.get(status, "job_failed")
+    kind = END_EVENTS.get(status, EventType.job_failed)
     ended = store.close(job_id, status, fields, [*events, (kind, data)], only_if=only_if)
     if ended is None:
         return False
