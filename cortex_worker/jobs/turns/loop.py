@@ -56,6 +56,7 @@ from cortex_worker.observability import tracing
 from cortex_worker.plan.stream import StreamPlanner
 from cortex_worker.protocol import parser as p
 from cortex_worker.protocol.actions import Action
+from cortex_worker.protocol.events import EventType
 from cortex_worker.recovery.liveness import is_dead
 from cortex_worker.recovery.owners import owner
 from cortex_worker.settings import get_settings
@@ -166,7 +167,7 @@ def run_turns(store: Store, job_id: str) -> None:
         if restarted:
             log.warning("job %s: taking over turn %s (phase %s) from %s", job_id, turn, phase,
                         job.turn_owner)
-            store.emit(job_id, [("warning", {
+            store.emit(job_id, [(EventType.warning, {
                 "kind": "turn_restarted", "turn": turn,
                 "message": f"turn {turn} was taken over from a coordinator that stopped; "
                            "events of this turn already sent may repeat"})])
@@ -218,7 +219,7 @@ def run_turns(store: Store, job_id: str) -> None:
 
 FIRST_TURN = TurnStart(1, closing=[], fields={"pending_responses": [], "result": "",
                                               "turn_phase": "generating"},
-                       begin=[("turn_started", {"turn": 1})])
+                       begin=[(EventType.turn_started, {"turn": 1})])
 """How every job's first turn starts (no turn to close, no limit reached yet): `resume` logs
 `job_started` with it."""
 
@@ -233,9 +234,9 @@ def _known_start(job: JobRecord, agent: AgentSpec, turn: int, state: _Turn) -> T
             or turn + 1 > agent.max_turns
             or time.time() - job.begun_at > agent.max_wall_time_s):
         return None
-    return TurnStart(turn + 1, closing=[("turn_completed", {"turn": turn})],
+    return TurnStart(turn + 1, closing=[(EventType.turn_completed, {"turn": turn})],
                      fields={"pending_responses": [], "turn_phase": "generating"},
-                     begin=[("turn_started", {"turn": turn + 1})])
+                     begin=[(EventType.turn_started, {"turn": turn + 1})])
 
 
 def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: AgentSpec,
@@ -245,7 +246,7 @@ def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: Agent
     events, final = render_responses(store, job_id, job.pending_responses)
     result = final or job.result or None
     if turn > 1:
-        events.append(("turn_completed", {"turn": turn - 1}))
+        events.append((EventType.turn_completed, {"turn": turn - 1}))
     # logged as they are cleared, in one call (the next turn's start, or the job's end): a
     # coordinator that dies never loses them
     fields: dict[str, Any] = {"pending_responses": [], "result": result or ""}
@@ -401,8 +402,8 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     if inputs is None:
         begin: list[tuple[str, dict[str, Any]]] = []
         if not restarted:
-            first = [("job_started", {"kind": "agent", "agent": agent.name})] if turn == 1 else []
-            begin = [*first, ("turn_started", {"turn": turn})]
+            first = [(EventType.job_started, {"kind": "agent", "agent": agent.name})] if turn == 1 else []
+            begin = [*first, (EventType.turn_started, {"turn": turn})]
         inputs = store.start_turn(job_id, closing=closing[0], fields=closing[1], begin=begin,
                                   action_ids=[*(c["action_id"] for c in job.native_calls),
                                               *finished])
@@ -443,7 +444,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
             # a stream that broke after output arrived restarts the turn, TURN_RESTARTS times.
             if reading.deltas and exc.retryable and state.actions == 0 and restart < TURN_RESTARTS:
                 _flush(store, job_id, state)
-                store.emit(job_id, [("warning", {
+                store.emit(job_id, [(EventType.warning, {
                     "kind": "model_retry",
                     "message": f"the model stream broke ({exc}); turn restarted"})], live=True)
                 continue
@@ -510,7 +511,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     if usage is not None:
         fields["prompt_tokens"] = job.prompt_tokens + usage.prompt_tokens
         fields["completion_tokens"] = job.completion_tokens + usage.completion_tokens
-        events.append(("usage", {"turn": turn, "prompt_tokens": usage.prompt_tokens,
+        events.append((EventType.usage, {"turn": turn, "prompt_tokens": usage.prompt_tokens,
                                  "completion_tokens": usage.completion_tokens,
                                  **({"estimated": True} if estimated else {})}))
     with _chunk_writer(store).taken(job_id, state.batch) as chunks:  # logged with the end
