@@ -6,22 +6,64 @@ import json
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
+from cortex_worker.pools import BY_NAME, NAMES, UP
 from cortex_worker.protocol.document import Document, load_document
-from cortex_worker.settings import AGENT_THREADS
 
 if TYPE_CHECKING:
     from cortex_api.client import APIError, Client, JobCreated
 
-app = typer.Typer(help="Cortex: a distributed runtime for LLM agents.", no_args_is_help=True)
-console = Console()
+# soft_wrap: print lines as they are, never re-wrapped at the width of a terminal, or at 80
+# columns when the output is a pipe or a file (`cortex up` keeps its processes' output in logs).
+console = Console(soft_wrap=True)
+stderr = Console(stderr=True, soft_wrap=True)
+
+
+def _readable(params: list[Any]) -> list[Any]:
+    """Help that reads like click's: an argument is FILE (typer writes `{file}`), and a flag
+    shows nothing after it (typer writes `<bool>`)."""
+    for param in params:
+        if isinstance(param, TyperOption) and param.is_flag:
+            param.metavar = ""  # typer shows it in the type column
+        elif isinstance(param, TyperArgument) and param.metavar is None:
+            param.metavar = param.name.upper()
+    return params
+
+
+class Command(TyperCommand):
+    """A command with readable help: every command of `cortex` is one."""
+
+    def get_params(self, ctx: typer.Context) -> list[Any]:
+        return _readable(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                name = f"{param.metavar}{'...' if param.nargs != 1 else ''}"
+                pieces.append(name if param.required else f"[{name}]")
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+
+class Group(TyperGroup):
+    """A group of commands with readable help."""
+
+    def get_params(self, ctx: typer.Context) -> list[Any]:
+        return _readable(super().get_params(ctx))
+
+
+app = typer.Typer(cls=Group, help="Cortex: a distributed runtime for LLM agents.",
+                  no_args_is_help=True)
 
 
 @app.callback()
@@ -42,26 +84,57 @@ def _parse_estimates(values: list[str]) -> dict[str, float]:
     return estimates
 
 
-@app.command()
+@app.command(cls=Command)
 def validate(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True,
                                          help="A protocol document.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the stable JSON report.")] = False,
     chunk: Annotated[int | None, typer.Option(min=1, help="Feed the parser N characters at a time.")] = None,
     estimate: Annotated[list[str] | None, typer.Option(
-        help="Expected seconds of an action for the critical path, as ID=SECONDS (repeatable; "
+        metavar="ID=SECONDS", help="Expected seconds of an action for the critical path, as ID=SECONDS (repeatable; "
              "default 1 each).")] = None,
 ) -> None:
-    """Parse a document; show its actions, waves and critical path. Exit 1 on errors."""
+    """Parse a document; show its actions, waves and critical path. Exit 1 on errors.
+
+    With the manifests of CORTEX_MANIFESTS it also checks the actions' targets (tools, agents,
+    workflows, relics) as the API does when the document is submitted; without them it says
+    that it did not."""
     doc = load_document(file.read_text(encoding="utf-8"), chunk=chunk)
+    note = _check_targets(doc)
     if as_json:
         typer.echo(json.dumps(doc.to_json(), indent=2, ensure_ascii=False))
+        stderr.print(note, highlight=False)  # stdout stays the JSON report
     else:
-        _print_summary(doc, _parse_estimates(estimate or []))
+        _print_summary(doc, _parse_estimates(estimate or []), note)
     raise typer.Exit(0 if doc.ok else 1)
 
 
-def _print_summary(doc: Document, estimates: dict[str, float]) -> None:
+def _check_targets(doc: Document) -> str:
+    """Add to `doc.errors` what the API's submit check (`check_document`) finds beyond the
+    parse: unknown or ungranted targets, bad parameters, too many actions. Returns a line
+    saying against which manifests, or that target names were not checked."""
+    from cortex_worker.handles import get_registry
+    from cortex_worker.jobs.lifecycle import check_document
+    from cortex_worker.manifests.loader import ManifestError
+    from cortex_worker.settings import get_settings
+
+    directory = get_settings().manifests.expanduser()
+    if not directory.exists():
+        return (f"[yellow]target names not checked[/]: no manifests at {escape(str(directory))}"
+                " (set CORTEX_MANIFESTS to check them as the API will)")
+    try:
+        registry = get_registry()
+    except ManifestError as exc:
+        stderr.print(f"[red]invalid manifests[/]: {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    parsed = doc.to_json()["errors"]
+    doc.errors.extend(p for p in check_document(doc) if p not in parsed)
+    doc.errors.sort(key=lambda e: (e["line"], e["column"]))
+    return (f"targets checked against the manifests in {escape(str(directory))} "
+            f"({len(registry.tools)} tools, {len(registry.agents)} agents)")
+
+
+def _print_summary(doc: Document, estimates: dict[str, float], note: str) -> None:
     plan = doc.plan
     assert plan is not None
     table = Table(title=f"{len(plan.nodes)} actions", title_justify="left")
@@ -85,6 +158,7 @@ def _print_summary(doc: Document, estimates: dict[str, float]) -> None:
         for item in items:
             console.print(f"[{style}]{level}[/] {item['line']}:{item['column']} "
                           f"{item['kind']}: {item['message']}", highlight=False)
+    console.print(note, highlight=False)
     if doc.ok:
         console.print("[green]valid[/]")
 
@@ -103,24 +177,22 @@ def _check_manifests() -> None:
                   highlight=False)
 
 
-# relic: one worker process keeps one instance of each relic (its threads share them).
-THREADED_POOLS = {"agent": AGENT_THREADS, "llm": 50, "relic": 8}
+THREADS_HELP = ", ".join(f"{p.name} ({p.concurrency})" for p in BY_NAME.values() if p.threaded)
 
 
-@app.command()
+@app.command(cls=Command)
 def worker(
-    pool: Annotated[str, typer.Option(help="The pool to serve: agent, tool, llm, relic or docker.")],
+    pool: Annotated[str, typer.Option(help=f"The pool to serve: {', '.join(NAMES)}.")],
     concurrency: Annotated[int | None, typer.Option(
-        min=1, help="Slots: processes (default: CPUs), or threads for agent (200), llm (50) and relic (8).")] = None,
+        min=1, help=f"Slots: processes (default: CPUs), or threads for {THREADS_HELP}.")] = None,
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
     hostname: Annotated[str | None, typer.Option(help="Worker node name (default pool@host).")] = None,
 ) -> None:
     """Start a worker of one pool; run several, on any machines, to scale it."""
-    from cortex_worker.app import POOLS
     from cortex_worker.app import app as celery_app
 
-    if pool not in POOLS:
-        raise typer.BadParameter(f"unknown pool {pool!r}; choose one of {', '.join(POOLS)}")
+    if pool not in BY_NAME:
+        raise typer.BadParameter(f"unknown pool {pool!r}; choose one of {', '.join(NAMES)}")
     _check_manifests()
     if pool == "tool":
         from cortex_worker.settings import get_settings
@@ -132,17 +204,15 @@ def worker(
             raise typer.Exit(2)
     argv = ["worker", "-Q", pool, "-n", hostname or f"{pool}@%h", f"--loglevel={loglevel}",
             "--without-gossip", "--without-mingle"]
-    # The agent and llm pools wait on models (I/O): threads carry many jobs per process.
-    # Tool pools run code: processes, so a revoked task can be killed with its sandbox.
-    threaded = THREADED_POOLS.get(pool)
-    if threaded:
+    spec = BY_NAME[pool]
+    if spec.threaded:
         argv.append("--pool=threads")
-    if concurrency or threaded:
-        argv.append(f"--concurrency={concurrency or threaded}")
+    if concurrency or spec.concurrency:
+        argv.append(f"--concurrency={concurrency or spec.concurrency}")
     celery_app.worker_main(argv)
 
 
-@app.command()
+@app.command(cls=Command)
 def api(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
@@ -173,12 +243,12 @@ def api(
         raise typer.Exit(2) from None
 
 
-keys_app = typer.Typer(help="API keys: make one, or hash one for CORTEX_API_KEYS(_FILE).",
+keys_app = typer.Typer(cls=Group, help="API keys: make one, or hash one for CORTEX_API_KEYS(_FILE).",
                        no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
 
-@keys_app.command("hash")
+@keys_app.command("hash", cls=Command)
 def keys_hash(
     key: Annotated[str | None, typer.Argument(
         help="The key; omit it (or write -) to read it from stdin, out of shell history.")] = None,
@@ -196,7 +266,7 @@ def keys_hash(
     typer.echo(f"{tenant}:{hash_key(key)}" if tenant else hash_key(key))
 
 
-@keys_app.command("new")
+@keys_app.command("new", cls=Command)
 def keys_new(tenant: Annotated[str, typer.Argument(help="The tenant the key belongs to.")]) -> None:
     """Make a random key: give the key to the client, configure the hashed entry."""
     import secrets
@@ -247,7 +317,7 @@ URL_OPTION = typer.Option(envvar="CORTEX_API_URL", help="The Cortex API.")
 KEY_OPTION = typer.Option(envvar="CORTEX_API_KEY", help="API key.")
 
 
-@app.command("exec")
+@app.command("exec", cls=Command)
 def exec_(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True,
                                          help="A protocol document to run.")],
@@ -263,7 +333,7 @@ def exec_(
         protocol, options=JobOptions(fail_fast=fail_fast)))
 
 
-@app.command()
+@app.command(cls=Command)
 def run(
     message: Annotated[str, typer.Argument(help="The task for the agent.")],
     agent: Annotated[str, typer.Option(help="The agent to run (see GET /v1/agents).")],
@@ -296,7 +366,7 @@ JOB_ARGUMENT = typer.Argument(help="The job.")
 ACTION_ARGUMENT = typer.Argument(help="The action awaiting approval (its id).")
 
 
-@app.command()
+@app.command(cls=Command)
 def approve(
     job_id: Annotated[str, JOB_ARGUMENT],
     action_id: Annotated[str, ACTION_ARGUMENT],
@@ -307,7 +377,7 @@ def approve(
     _answer(url, api_key, job_id, action_id, None, approve=True)
 
 
-@app.command()
+@app.command(cls=Command)
 def reject(
     job_id: Annotated[str, JOB_ARGUMENT],
     action_id: Annotated[str, ACTION_ARGUMENT],
@@ -335,10 +405,10 @@ def _redact(url: str) -> str:
     return parts._replace(netloc=netloc).geturl()
 
 
-@app.command()
+@app.command(cls=Command)
 def up(
     port: Annotated[int, typer.Option(help="API port.")] = 8000,
-    pools: Annotated[str, typer.Option(help="Comma-separated pools to start.")] = "agent,tool,llm,relic",
+    pools: Annotated[str, typer.Option(help="Comma-separated pools to start.")] = ",".join(UP),
     log_dir: Annotated[Path, typer.Option(help="Where each process's log is kept.")] = Path(".cortex/logs"),
     broker: Annotated[str | None, typer.Option(
         help="Celery broker for every process (CORTEX_BROKER_URL), e.g. "
@@ -372,9 +442,13 @@ def up(
             auth = ("basic auth" if settings.flower_basic_auth is not None
                     else "no auth: set CORTEX_FLOWER_BASIC_AUTH=user:password to enable its API")
             console.print(f"Flower {stack.flower_url} ({auth})", highlight=False)
+        where = ("private: in memory, stopped with the stack" if stack.private_redis
+                 else "CORTEX_REDIS_URL")
+        console.print(f"Redis {_redact(stack.redis_url)} ({where}); for redis-cli and celery "
+                      f"in another shell: export CORTEX_REDIS_URL={_redact(stack.redis_url)}",
+                      highlight=False)
         if broker:
-            console.print(f"broker: {_redact(broker)}; Redis: {_redact(stack.env['CORTEX_REDIS_URL'])}",
-                          highlight=False)
+            console.print(f"broker: {_redact(broker)}", highlight=False)
         while (dead := stack.failed()) is None:
             time.sleep(0.5)
         console.print(f"[red]{dead.name} exited ({dead.popen.returncode})[/]; stopping")
@@ -388,7 +462,7 @@ def up(
         stack.stop()
 
 
-@app.command()
+@app.command(cls=Command)
 def demo(
     question: Annotated[str, typer.Argument(help="What to ask the demo agent.")] = DEMO_QUESTION,
     agent: Annotated[str, typer.Option(help="The agent to run.")] = "demo",

@@ -10,6 +10,7 @@ parent outright, which would orphan the whole stack; a signal during the stop on
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -29,9 +30,9 @@ import httpx
 import redis
 
 from cortex_worker.errors import CortexError
+from cortex_worker.pools import UP
 from cortex_worker.settings import Settings
 
-DEFAULT_POOLS = ("agent", "tool", "llm", "relic")
 #: What a terminal (Ctrl-C, hang-up), systemd, `docker stop`, a supervisor or `timeout` sends.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: Seconds a group has between SIGTERM and SIGKILL: Celery's warm shutdown finishes running
@@ -58,6 +59,19 @@ def free_port() -> int:
     with closing(socket.socket()) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int) -> bool:
+    """Whether a socket listens on 127.0.0.1:`port` (or on every interface): binding it would
+    fail. SO_REUSEADDR, as uvicorn and Redis bind, so a just-stopped stack's TIME_WAIT does not
+    count."""
+    with closing(socket.socket()) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def redis_binary() -> str | None:
@@ -112,23 +126,33 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     api_url: str = ""
     flower_url: str = ""
+    redis_url: str = ""
+    private_redis: bool = False  # started by `start`, in memory, stopped with the stack
+    _lock: IO[bytes] | None = field(default=None, init=False, repr=False)
     _handlers: dict[int, Any] = field(default_factory=dict, init=False, repr=False)
     _stopping: bool = field(default=False, init=False, repr=False)
     _hurry: bool = field(default=False, init=False, repr=False)  # SIGKILL what is left, now
     _deferring: bool = field(default=False, init=False, repr=False)
     _deferred: int | None = field(default=None, init=False, repr=False)
 
-    def start(self, pools: Sequence[str] = DEFAULT_POOLS, api_port: int | None = None, *,
+    def start(self, pools: Sequence[str] = UP, api_port: int | None = None, *,
               broker: str | None = None, flower: bool = False, open_api: bool = False) -> None:
         """Redis (the configured CORTEX_REDIS_URL, else a private one), the pools, the API and,
         with `flower`, Flower. `broker` (e.g. amqp://…) is every process's CORTEX_BROKER_URL:
         Celery messages go there, while state, events and results stay in Redis. `open_api`
         serves the (loopback-only) API without the configured keys, as the demo does.
-        Call it from the main thread, and `stop` in a `finally`."""
+        Call it from the main thread, and `stop` in a `finally`.
+
+        A port it would bind that is taken, or a log directory another stack writes in, is a
+        StackError raised before anything starts or any log file is opened."""
+        port = api_port or free_port()
+        self._check_ports({"the API, --port": port,
+                           **({"Flower, CORTEX_FLOWER_PORT": self.settings.flower_port}
+                              if flower else {})})
+        self._lock_log_dir()
         for signum in STOP_SIGNALS:
             if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup, `&`: keep ignoring it
                 self._handlers.setdefault(signum, signal.signal(signum, self._on_signal))
-        self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if open_api:
             for name in ("CORTEX_API_KEYS", "CORTEX_API_KEYS_FILE"):
@@ -137,12 +161,12 @@ class Stack:
         configured = "redis_url" in self.settings.model_fields_set or "CORTEX_REDIS_URL" in os.environ
         if not (configured and redis_answers(url)):
             url = self._start_redis()  # none configured: a private one, stopped with the stack
-        self.env["CORTEX_REDIS_URL"] = url
+            self.private_redis = True
+        self.redis_url = self.env["CORTEX_REDIS_URL"] = url
         if broker:
             self.env["CORTEX_BROKER_URL"] = broker
         for pool in pools:
             self._spawn(f"worker-{pool}", [*_cortex(), "worker", "--pool", pool])
-        port = api_port or free_port()
         self.api_url = f"http://127.0.0.1:{port}"
         if flower:  # the jobs dashboard links to it
             self.env["CORTEX_FLOWER_URL"] = f"http://127.0.0.1:{self.settings.flower_port}"
@@ -152,6 +176,29 @@ class Stack:
         self._wait(lambda: _http_ok(f"{self.api_url}/readyz"), "the API and the worker pools", 60)
         if flower:
             self._wait(lambda: _http_ok(f"{self.flower_url}/healthcheck"), "Flower", 30)
+
+    @staticmethod
+    def _check_ports(ports: dict[str, int]) -> None:
+        """Refuse ports something listens on: the API of another stack there would answer
+        this one's readiness check, and this one would say it is up and then fail."""
+        busy = [f"{port} ({what})" for what, port in ports.items() if port_in_use(port)]
+        if busy:
+            raise StackError(f"already in use on 127.0.0.1: port {' and '.join(busy)}; is "
+                             "another `cortex up` running? Stop it, or choose free ports. "
+                             "Nothing was started")
+
+    def _lock_log_dir(self) -> None:
+        """Hold `log_dir/.lock` until `stop`: a second stack would truncate this one's logs."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        lock = (self.log_dir / ".lock").open("wb")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise StackError(f"another stack keeps its logs in {self.log_dir} (it holds "
+                             f"{self.log_dir / '.lock'}): stop it, or give another --log-dir; "
+                             "nothing was started") from None
+        self._lock = lock
 
     def _start_flower(self) -> None:
         """`celery flower` on 127.0.0.1:flower_port; the basic auth goes in its environment
@@ -218,6 +265,9 @@ class Stack:
         self._terminate([p for p in self.procs if p.name != "redis"])
         self._terminate([p for p in self.procs if p.name == "redis"])
         self.procs.clear()
+        if self._lock is not None:
+            self._lock.close()  # and with it the flock
+            self._lock = None
         for signum, handler in self._handlers.items():
             signal.signal(signum, handler)
         self._handlers.clear()

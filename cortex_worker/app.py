@@ -5,11 +5,13 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
+from cortex_worker.pools import NAMES
 from cortex_worker.settings import Settings, get_settings
 from cortex_worker.store.state import MAX_CONNECTIONS
 from cortex_worker.worker import kombu_fixes as broker
 
-POOLS = ("agent", "tool", "llm", "relic", "docker")
+POOLS = NAMES  # one queue per pool of `pools.TABLE`
+
 
 def restore_lock_expiry(visibility_timeout_s: int) -> int:
     """Seconds kombu's restore lock lives: the visibility timeout, within 5..60 s."""

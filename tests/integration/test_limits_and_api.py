@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from cortex_api.cli import app as cli
 from cortex_api.server import raise_open_files_limit
+from cortex_worker import handles
 from tests.integration.test_documents import action, one, run
 from tests.manifest_helpers import CORPUS
 
@@ -53,9 +54,15 @@ def test_job_listing_filters_by_status(workers: Any, api: Any) -> None:
 
 
 @pytest.mark.parametrize("path", sorted(CORPUS.glob("*.xml"))[:3], ids=lambda p: p.stem)
-def test_validate_endpoint_matches_the_cli(api: Any, path: Path) -> None:
+def test_validate_endpoint_matches_the_cli(api: Any, path: Path, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # /v1/validate parses only: so does the CLI without manifests (it checks targets with them)
+    monkeypatch.setenv("CORTEX_MANIFESTS", str(tmp_path / "none"))
+    handles.reset()
     served = httpx.post(f"{api.url}/v1/validate", json={"protocol": path.read_text()}).json()
     printed = json.loads(CliRunner().invoke(cli, ["validate", "--json", str(path)]).stdout)
+    monkeypatch.undo()
+    handles.reset()
     assert served == printed
 
 

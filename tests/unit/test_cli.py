@@ -1,17 +1,25 @@
-"""Unit tests for `cortex validate` (cortex_api.cli)."""
+"""Unit tests for `cortex validate` and the help of every command (cortex_api.cli).
+
+`validate` checks targets only against manifests: each test runs without any (a directory
+that does not exist) unless it points CORTEX_MANIFESTS at some itself."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import typer.main
 from typer.testing import CliRunner
 
 from cortex_api.cli import app
-from tests.manifest_helpers import CORPUS
+from cortex_worker import handles
+from cortex_worker.jobs.lifecycle import check_document
+from cortex_worker.protocol.document import load_document
+from tests.manifest_helpers import CORPUS, EXAMPLE_MANIFESTS
 
 pytestmark = pytest.mark.unit
 
@@ -41,16 +49,39 @@ N_SHAPED = """\
 runner = CliRunner()
 
 
+@pytest.fixture(autouse=True)
+def no_manifests(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """CORTEX_MANIFESTS names a directory that does not exist; the handles read it anew."""
+    missing = tmp_path / "no-manifests"
+    monkeypatch.setenv("CORTEX_MANIFESTS", str(missing))
+    handles.reset()
+    yield missing
+    handles.reset()
+
+
+@pytest.fixture
+def example_manifests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manifests that ship in examples/, as a new user has them."""
+    monkeypatch.setenv("CORTEX_MANIFESTS", str(EXAMPLE_MANIFESTS))
+    handles.reset()
+
+
 def corpus(name: str) -> Path:
     path = CORPUS / name
     assert path.is_file(), f"corpus document {path} is missing"
     return path
 
 
-def validate(*args: str | Path) -> tuple[int, str]:
+def invoke(*args: str | Path) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of `cortex validate ARGS`."""
     result = runner.invoke(app, ["validate", *map(str, args)])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
-    return result.exit_code, ANSI.sub("", result.output)
+    return result.exit_code, ANSI.sub("", result.stdout), ANSI.sub("", result.stderr)
+
+
+def validate(*args: str | Path) -> tuple[int, str]:
+    code, out, _ = invoke(*args)
+    return code, out
 
 
 def validate_json(path: Path, *args: str) -> tuple[int, str, dict[str, Any]]:
@@ -147,9 +178,9 @@ def test_critical_path_with_estimates(tmp_path: Path) -> None:
 
 
 def test_invalid_estimate_is_a_usage_error(tmp_path: Path) -> None:
-    code, out = validate("--estimate", "B", write(tmp_path, N_SHAPED))
+    code, _, err = invoke("--estimate", "B", write(tmp_path, N_SHAPED))
     assert code == 2
-    assert "write ID=SECONDS" in out
+    assert "write ID=SECONDS" in err
 
 
 def test_corpus_summary_mentions_waves_and_warnings() -> None:
@@ -196,8 +227,9 @@ def test_human_summary_of_a_document_with_an_error(tmp_path: Path) -> None:
     code, out = validate(write(tmp_path, 'x\n<action id="a">{"name": t}</action>\n'))
     assert code == 1
     lines = out.splitlines()
-    assert lines[-2:] == ["responses: 0 (0 final), thoughts: 0, feeds: 0",
-                          "error 2:25 invalid_json: action body: invalid JSON: Expecting value"]
+    assert lines[-3:-1] == ["responses: 0 (0 final), thoughts: 0, feeds: 0",
+                            "error 2:25 invalid_json: action body: invalid JSON: Expecting value"]
+    assert lines[-1].startswith("target names not checked: no manifests at ")
     assert "valid" not in lines
 
 
@@ -209,3 +241,102 @@ def test_missing_file_is_a_usage_error(tmp_path: Path) -> None:
 def test_chunk_must_be_positive(tmp_path: Path) -> None:
     code, _ = validate("--chunk", "0", write(tmp_path, N_SHAPED))
     assert code == 2
+
+
+UNKNOWN_TOOL = ('<action id="a" mode="async">{"name": "no_such_tool"}</action>\n'
+                '<action id="b" mode="async">{"name": "echo", "parameters": {"message": 1}}'
+                '</action>\n')
+
+
+def test_without_manifests_it_says_target_names_were_not_checked(tmp_path: Path,
+                                                                  no_manifests: Path) -> None:
+    path = write(tmp_path, UNKNOWN_TOOL)
+    code, out = validate(path)
+    assert code == 0
+    assert out.splitlines()[-2:] == [
+        f"target names not checked: no manifests at {no_manifests} (set CORTEX_MANIFESTS to "
+        "check them as the API will)", "valid"]
+    code, out, err = invoke("--json", path)  # the note on stderr: stdout is only the report
+    assert (code, json.loads(out)["errors"]) == (0, [])
+    assert err.startswith("target names not checked")
+
+
+@pytest.mark.usefixtures("example_manifests")
+def test_with_manifests_it_rejects_what_the_api_rejects(tmp_path: Path) -> None:
+    path = write(tmp_path, UNKNOWN_TOOL)
+    expected = check_document(load_document(UNKNOWN_TOOL))  # what POST /v1/jobs answers
+    assert [e["kind"] for e in expected] == ["unknown_tool"]
+    code, out, report = validate_json(path)
+    assert code == 1
+    assert report["errors"] == expected
+    code, out = validate(path)
+    assert code == 1
+    lines = out.splitlines()
+    assert f"error 1:1 unknown_tool: {expected[0]['message']}" in lines
+    assert lines[-1].startswith(f"targets checked against the manifests in {EXAMPLE_MANIFESTS} (")
+    assert "valid" not in lines
+
+
+@pytest.mark.usefixtures("example_manifests")
+def test_with_manifests_a_document_of_shipped_tools_is_valid(tmp_path: Path) -> None:
+    code, out = validate(write(tmp_path, UNKNOWN_TOOL.replace(
+        '{"name": "no_such_tool"}', '{"name": "word_count", "parameters": {"path": "notes.md"}}')))
+    assert code == 0
+    assert out.splitlines()[-1] == "valid"
+    assert out.splitlines()[-2].startswith("targets checked against the manifests in ")
+
+
+def test_broken_manifests_stop_validate_with_their_error(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    (manifests / "tools.yaml").write_text("kind: Tool\nname: x\n", encoding="utf-8")
+    monkeypatch.setenv("CORTEX_MANIFESTS", str(manifests))
+    handles.reset()
+    code, out, err = invoke(write(tmp_path, UNKNOWN_TOOL))
+    assert code == 2
+    assert err.startswith("invalid manifests: ") and "tools.yaml" in err
+    assert out == ""
+
+
+def test_long_lines_are_printed_whole_not_wrapped_at_80_columns(tmp_path: Path) -> None:
+    """Output to a pipe or a file (CliRunner's, a log's) has no terminal width to wrap at."""
+    ident = "a_rather_long_action_identifier_that_makes_the_error_line_run_past_eighty"
+    doc = f'<action id="{ident}">{{"name": "t"}}</action><action id="{ident}">{{"name": "u"}}</action>'
+    code, out = validate(write(tmp_path, doc))
+    assert code == 1
+    line = (f"error 1:{len(doc) // 2 + 1} duplicate_id: action id '{ident}' is already used in "
+            "this job; give each action its own id")
+    assert len(line) > 120
+    assert line in out.splitlines()
+
+
+def _commands(group: typer.main.TyperGroup, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    yield path
+    for name, command in group.commands.items():
+        if isinstance(command, typer.main.TyperGroup):
+            yield from _commands(command, (*path, name))
+        else:
+            yield (*path, name)
+
+
+def test_every_commands_help_reads_without_typer_placeholders() -> None:
+    """No `<bool>` after a flag, and arguments as FILE or [KEY] in the usage line (typer 0.29
+    writes `{file}` and `[key]`)."""
+    root = typer.main.get_command(app)
+    assert isinstance(root, typer.main.TyperGroup)
+    seen = []
+    for path in _commands(root):
+        result = runner.invoke(app, [*path, "--help"], prog_name="cortex",
+                               env={"COLUMNS": "120"})
+        assert result.exit_code == 0, (path, result.output)
+        text = ANSI.sub("", result.output)
+        usage = next(line for line in text.splitlines() if "Usage:" in line)
+        assert "<bool>" not in text, path
+        assert "{" not in usage, (path, usage)
+        seen.append(" ".join(usage.split()))
+    assert "Usage: cortex validate [OPTIONS] FILE" in seen
+    assert "Usage: cortex exec [OPTIONS] FILE" in seen
+    assert "Usage: cortex keys hash [OPTIONS] [KEY]" in seen
+    assert "Usage: cortex approve [OPTIONS] JOB_ID ACTION_ID" in seen
+    assert len(seen) == 13  # cortex, its 10 commands, keys' 2 (keys itself included above)
