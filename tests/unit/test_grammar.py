@@ -388,9 +388,10 @@ def test_a_grammar_without_a_flavour_is_refused_before_any_request(llm: FakeLLM)
 
 
 def test_building_a_grammar_is_cheap(agent: AgentSpec, registry: Registry) -> None:
-    """The coordinator builds it every turn: it must cost next to nothing."""
-    started = time.perf_counter()
+    """The coordinator builds it every turn: it must cost next to nothing. Counted in this
+    thread's CPU time, which other processes on a busy machine do not inflate."""
+    started = time.thread_time()
     for flavour in gr.FLAVOURS:
         for _ in range(10):
             gr.build_grammar(agent, registry, flavour)
-    assert (time.perf_counter() - started) / 40 < 0.05
+    assert (time.thread_time() - started) / 40 < 0.05
