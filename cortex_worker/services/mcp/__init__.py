@@ -4,9 +4,9 @@
   API lists and validates MCP tools from it);
 - `client`: the MCP SDK's client from threads: start a stdio server, connect (stdio or
   streamable HTTP), list tools (also at manifest load), call one, map its result;
-- `manager`: the relic lifecycle for MCP servers on the relic pool (first use, ping, reuse,
-  restart, idle stop);
-- `runner`: `run_mcp_tool`, called by `tools.runtime.run_tool` for `runtime: mcp`.
+- `manager`: MCP servers as a service pool (`services.pool`) on the relic pool (first use,
+  ping, reuse, restart, idle stop);
+- `tool_call`: `run_mcp_tool`, called by `tools.runtime.run_tool` for `runtime: mcp`.
 
 Importing this package has no side effects.
 """

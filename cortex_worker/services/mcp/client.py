@@ -43,7 +43,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
 from cortex_worker.services.mcp.spec import MCPServerSpec, command_argv, server_env, server_headers
-from cortex_worker.services.relics.manager import RELIC_PATH, STOP_GRACE_S, kill_group, unreaped
+from cortex_worker.services.pool import STOP_GRACE_S, kill_group, unreaped
+from cortex_worker.services.relics.manager import RELIC_PATH
 from cortex_worker.tools.errors import ToolError, ToolTimeout
 
 log = logging.getLogger(__name__)

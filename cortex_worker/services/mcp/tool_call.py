@@ -11,8 +11,9 @@ from typing import Any
 
 from cortex_worker.handles import get_registry, get_store
 from cortex_worker.services.mcp.client import Cancelled
-from cortex_worker.services.mcp.manager import get_mcp_manager
+from cortex_worker.services.mcp.manager import MCPManager
 from cortex_worker.services.mcp.spec import MCPServerSpec, tool_name
+from cortex_worker.services.pool import service_pools
 from cortex_worker.tools.context import ToolContext
 from cortex_worker.tools.errors import ToolError
 from cortex_worker.tools.spec import ToolSpec
@@ -28,7 +29,7 @@ def run_mcp_tool(spec: ToolSpec, params: dict[str, Any], ctx: ToolContext) -> An
         server = get_registry().mcp_servers.get(spec.server or "")
     if server is None:
         raise ToolError(f"tool {spec.name!r}: no MCP server named {spec.server!r} is declared")
-    manager = get_mcp_manager(ctx.settings.workspace_root / "mcp")
+    manager = service_pools().get(MCPManager, ctx.settings.workspace_root / "mcp")
     return manager.call_tool(server, tool_name(spec), params, ctx.timeout,
                              cancelled=action_ended(ctx))
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cortex_worker.handles import get_registry, get_store
+from cortex_worker.services.pool import service_pools
 from cortex_worker.services.relics import builtin
-from cortex_worker.services.relics.manager import get_manager, install_shutdown_hooks
+from cortex_worker.services.relics.manager import RelicManager
 from cortex_worker.services.relics.spec import resolve
 
 if TYPE_CHECKING:
@@ -33,7 +34,5 @@ def run_relic_action(call: Call) -> Any:
                                   resolved.params)
         return builtin.run_sql(builtin.sql_path(root / "sql", namespace), resolved.operation,
                                resolved.params, call.timeout)
-    return get_manager(root).call(relic, resolved.operation, resolved.params, call.timeout)
-
-
-install_shutdown_hooks()
+    manager = service_pools().get(RelicManager, root)
+    return manager.call(relic, resolved.operation, resolved.params, call.timeout)
