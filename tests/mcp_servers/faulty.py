@@ -2,8 +2,9 @@
 
 - `pid`: its process id (restarts and reuse are visible in the results);
 - `crash`: exits at once with `code`, in the middle of the call;
-- `hang`: writes "started" to the file `marker`, then sleeps; when the client cancels the call
-  (`notifications/cancelled`) it appends "cancelled" to `marker`;
+- `hang`: writes "started" to the file `marker`, then sleeps (until the file `release`
+  exists, if named); when the client cancels the call (`notifications/cancelled`) it appends
+  "cancelled" to `marker`;
 - `fail`: answers an error result (`isError`) saying `message`.
 
     python faulty.py                 # stdio
@@ -36,12 +37,16 @@ def crash(code: int = 3) -> str:
 
 
 @server.tool()
-async def hang(marker: str, seconds: float = 3600) -> dict[str, float]:
-    """Sleep `seconds`; mark the file `marker` when it starts and when it is cancelled."""
+async def hang(marker: str, seconds: float = 3600, release: str = "") -> dict[str, float]:
+    """Sleep `seconds`, or until the file `release` exists (then answer `released`); mark the
+    file `marker` when it starts and when it is cancelled."""
     with open(marker, "a") as f:
         f.write("started\n")
     try:
-        await anyio.sleep(seconds)
+        with anyio.move_on_after(seconds):
+            while not (release and os.path.exists(release)):
+                await anyio.sleep(0.01)
+            return {"released": 1.0}
     except anyio.get_cancelled_exc_class():
         with open(marker, "a") as f:
             f.write("cancelled\n")

@@ -286,7 +286,7 @@ def test_a_timeout_cancels_the_call_on_the_server(manager: MCPManager, faulty: M
     with pytest.raises(ToolTimeout, match=r"^MCP tool faulty.hang did not answer within 1s; "
                                           "the server was sent notifications/cancelled$"):
         manager.call_tool(faulty, "hang", {"marker": str(marker)}, 1.0)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 30  # the timeout ended it, not the hour's hang
     wait_until(lambda: marks(marker) == ["started", "cancelled"], timeout=5)
     assert pid_of(manager, faulty) == pid  # the server lives on
 
@@ -307,17 +307,20 @@ def test_calls_share_the_session(manager: MCPManager, faulty: MCPServerSpec,
                                  tmp_path: Path) -> None:
     pid = pid_of(manager, faulty)
     markers = [tmp_path / f"m{i}" for i in range(3)]
+    release = tmp_path / "release"
     results: list[Any] = []
     threads = [threading.Thread(target=lambda m=m: results.append(manager.call_tool(
-        faulty, "hang", {"marker": str(m), "seconds": 1.0}, 20))) for m in markers]
-    started = time.monotonic()
+        faulty, "hang", {"marker": str(m), "release": str(release)}, 20))) for m in markers]
     for thread in threads:
         thread.start()
+    # at once, not one after another: all three run on the server before any has answered
+    wait_until(lambda: all(marks(m) == ["started"] for m in markers), timeout=15)
+    assert results == []
+    release.touch()
     for thread in threads:
         thread.join()
-    assert results == [{"slept": 1.0}] * 3
-    assert time.monotonic() - started < 2.5  # at once (not 3 s), over one connection
-    assert manager.running() == {"faulty": pid}
+    assert results == [{"released": 1.0}] * 3
+    assert manager.running() == {"faulty": pid}  # over one connection
 
 
 def test_stopped_when_idle_never_during_a_call(tmp_path: Path) -> None:
@@ -335,7 +338,7 @@ def test_stopped_when_idle_never_during_a_call(tmp_path: Path) -> None:
         assert results == [{"slept": 1.2}]  # longer than idle_timeout_s: the reaper waited
         wait_until(lambda: not manager.running(), timeout=10)
         wait_until(lambda: client.exit_code(pid, 0) is None, timeout=5)  # reaped
-        assert not list((tmp_path / "pids").glob("*.json"))
+        wait_until(lambda: not list((tmp_path / "pids").glob("*.json")), timeout=5)  # forgotten
     finally:
         manager.stop_all()
 

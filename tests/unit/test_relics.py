@@ -338,7 +338,7 @@ def test_sql_limits_rows_and_time(db: Path) -> None:
     started = time.monotonic()
     with pytest.raises(ToolTimeout, match=r"ran longer than 0.2s and was interrupted"):
         builtin.run_sql(db, "query", {"sql": endless}, 0.2)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 30  # interrupted, not left to run on
 
 
 def test_sql_namespaces_are_separate_files(tmp_path: Path) -> None:
@@ -554,8 +554,8 @@ def test_a_relic_that_never_becomes_healthy(manager: RelicManager, tmp_path: Pat
                      operations={"ping": {"path": "/ping"}})
     started = time.monotonic()
     with pytest.raises(ToolError) as info:
-        manager.call(spec, "ping", {}, 10)
-    assert time.monotonic() - started < 5
+        manager.call(spec, "ping", {}, 60)
+    assert time.monotonic() - started < 30  # startup_timeout_s ended it, not the call's 60 s
     assert "relic 'mute' did not become healthy within 0.5s (startup_timeout_s)" in str(info.value)
     assert "waiting" in str(info.value)
     assert manager.running() == {}

@@ -120,7 +120,7 @@ time.sleep(60)
 def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
     started = time.monotonic()
     result = py(GRANDCHILD, tmp_path, timeout=1.0)
-    assert time.monotonic() - started < 4
+    assert time.monotonic() - started < 30  # the timeout ended it, not the minute's sleep
     assert result.timed_out and result.killed_by == "timeout" and not result.ok
     leader, grandchild = map(int, (tmp_path / "pids").read_text().split())
     assert wait_gone(leader) and wait_gone(grandchild)
@@ -130,9 +130,10 @@ def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
 def test_background_children_die_when_the_leader_exits(tmp_path: Path) -> None:
     started = time.monotonic()
     result = run_sandboxed(
-        ["sh", "-c", "sleep 60 & echo $! > bg.pid; echo done"], cwd=tmp_path, timeout=20
+        ["sh", "-c", "sleep 60 & echo $! > bg.pid; echo done"], cwd=tmp_path, timeout=60
     )
-    assert time.monotonic() - started < 3  # the background job holds stdout: not waited for
+    # the background job holds stdout: not waited for (nor the timeout)
+    assert time.monotonic() - started < 30
     assert result.ok and result.stdout == b"done\n"
     assert wait_gone(int((tmp_path / "bg.pid").read_text()))
 

@@ -277,7 +277,8 @@ def test_a_timeout_kills_the_call_and_everything_it_started(root: Path, isolated
     # in namespaces even a child that left the call's session dies (its PID namespace ends)
     res = run("linger", {"marker": marker, "setsid": isolated}, cwd=root / "job-a",
               isolation=iso(root) if isolated else None, timeout=1.5)
-    assert res.timed_out and res.killed_by == "timeout" and time.monotonic() - started < 5
+    # the timeout ended it, not the minute `linger` sleeps
+    assert res.timed_out and res.killed_by == "timeout" and time.monotonic() - started < 30
     survivors = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, marker)]
     deadline = time.monotonic() + 3
     while survivors and time.monotonic() < deadline:
@@ -318,8 +319,8 @@ def test_a_call_ends_when_its_answer_is_out_not_when_its_process_exits(
     if cold:
         monkeypatch.setitem(warm._cold, warm_key("slow_exit", env), "this test runs it cold")
     started = time.monotonic()
-    res = run("slow_exit", {"seconds": 5}, cwd=root / "job-a", isolation=iso(root), env=env)
-    assert time.monotonic() - started < 3
+    res = run("slow_exit", {"seconds": 60}, cwd=root / "job-a", isolation=iso(root), env=env)
+    assert time.monotonic() - started < 30  # not after the exit's minute
     assert (result(res), res.returncode, res.killed_by) == ("answered", 0, None)
     assert b"after the answer" not in res.stdout + res.stderr
     assert live_groups() == frozenset()  # the exiting process was killed with its group
@@ -435,8 +436,8 @@ def test_a_call_sent_as_its_zygote_dies_is_not_left_waiting(root: Path) -> None:
         os.kill(zygote, signal.SIGKILL)
         assert gone(zygote)
         started = time.monotonic()
-        second = call("whoami", cwd=root / "job-a", isolation=None, env=env, timeout=10)
-        assert time.monotonic() - started < 5
+        second = call("whoami", cwd=root / "job-a", isolation=None, env=env, timeout=60)
+        assert time.monotonic() - started < 30  # a new zygote answered, not the timeout
         assert second["imported_in"] != zygote
     finally:
         os.close(held)
