@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -118,14 +119,39 @@ def _cleaned_up(up: harness.Process) -> Iterator[None]:
         up.stop()
 
 
+def _second_up_refuses(env: dict[str, str], tmp_path: Path, api: str, flower: str) -> None:
+    """A second `cortex up` on the same ports and log directory exits 1 saying why, before it
+    starts anything: it never says it is up, and the first stack's logs keep what they had."""
+    logs = tmp_path / "logs"
+    before = {path.name: path.read_bytes() for path in logs.glob("*.log")}
+    api_port, flower_port = api.rsplit(":", 1)[1], flower.rsplit(":", 1)[1]
+    second = harness.Process([*harness.cortex_command(), "up", "--port", api_port,
+                              "--pools", "agent,tool", "--log-dir", str(logs)],
+                             name="cortex-up-again", env={**env, "CORTEX_FLOWER_PORT": flower_port},
+                             cwd=tmp_path, log_dir=tmp_path)
+    try:
+        assert second.wait_stopped(60), second.describe(40)
+    finally:
+        second.stop()
+    out = second.log_text()
+    assert second.returncode == 1, out
+    assert (f"port {api_port} (the API, --port) and {flower_port} (Flower, CORTEX_FLOWER_PORT)"
+            in " ".join(out.split())), out
+    assert "Cortex is up" not in out
+    assert before and all((logs / name).read_bytes().startswith(content)
+                          for name, content in before.items())
+
+
 def _run_up(env: dict[str, str], tmp_path: Path, *extra: str) -> None:
-    """Start `cortex up`, run a job, check Flower, stop with SIGINT, check nothing is left."""
+    """Start `cortex up`, run a job, check Flower, see a second `cortex up` refused, stop with
+    SIGINT, check nothing is left."""
     started = time.monotonic()
     up, api, flower = _start_up(env, tmp_path, *extra)
     with _cleaned_up(up):
         ready_s = time.monotonic() - started
         log = up.log_text()
         assert f"Flower {flower} (basic auth)" in log, up.describe(60)
+        assert f"Redis {env['CORTEX_REDIS_URL']} (CORTEX_REDIS_URL)" in log, up.describe(60)
         assert FLOWER_AUTH[1] not in log  # the password is never printed
         if "--broker" in extra:
             assert "broker: amqp://guest:***@127.0.0.1:5672//" in log, up.describe(60)
@@ -164,6 +190,7 @@ def _run_up(env: dict[str, str], tmp_path: Path, *extra: str) -> None:
         assert task["args"] in (f"('{job_id}', 'first', 'echo')", f"('{job_id}', 'first')"), task
         assert task["routing_key"] == "tool"
 
+        _second_up_refuses(env, tmp_path, api, flower)
         stop_s = _stop_up(up, signal.SIGINT, urls=(api, flower))  # Ctrl-C
         print(f"cortex up ({'amqp' if extra else 'redis'} broker): ready in {ready_s:.1f} s, "
               f"stopped in {stop_s:.1f} s")
@@ -218,6 +245,8 @@ def test_a_stop_signal_stops_everything_up_started(cortex_env: dict[str, str], t
     up, api, flower = _start_up(env, tmp_path)
     with _cleaned_up(up):
         assert "redis | " in up.log_text(), up.describe(60)  # its own Redis is in the tree
+        assert re.search(r"Redis (redis://127\.0\.0\.1:\d+/0) \(private: in memory, stopped "
+                         r"with the stack\); .* export CORTEX_REDIS_URL=\1", up.log_text())
         assert httpx.get(f"{flower}/healthcheck", timeout=5).status_code == 200
         took = _stop_up(up, *signals, urls=(api, flower))
         if len(signals) > 1:

@@ -1,17 +1,21 @@
 """How `Stack.stop` ends processes that will not stop by themselves (as Flower sometimes
-will not): real processes, since stopping them is the thing under test."""
+will not): real processes, since stopping them is the thing under test. And how `Stack.start`
+refuses, before it starts anything, ports and a log directory that another stack holds."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from cortex_api.stack import GRACE_S, Stack
+from cortex_api.stack import GRACE_S, STOP_SIGNALS, Stack, StackError, free_port, port_in_use
 from cortex_worker.settings import Settings
 from tests import harness
 
@@ -49,3 +53,86 @@ def test_stop_kills_a_group_past_its_grace_and_what_a_leader_left_behind(tmp_pat
     assert stubborn.popen.returncode == -signal.SIGKILL
     assert leaver.popen.returncode == -signal.SIGTERM
     assert harness.left_behind(tree, timeout=2) == []  # the leaver's child too
+
+
+@pytest.fixture
+def listening() -> Iterator[int]:
+    """A port something listens on, as the API of a stack already up does."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def _handlers() -> list[Any]:
+    return [signal.getsignal(s) for s in STOP_SIGNALS]
+
+
+def test_a_busy_port_is_refused_before_anything_starts(tmp_path: Path, listening: int) -> None:
+    logs = tmp_path / "logs"
+    handlers = _handlers()
+    for settings, port, flower in ((Settings(), listening, False),
+                                   (Settings(flower_port=listening), free_port(), True)):
+        stack = Stack(settings, logs)
+        with pytest.raises(StackError, match=f"already in use on 127.0.0.1: port {listening} "):
+            stack.start((), api_port=port, flower=flower)
+        assert (stack.procs, stack.redis_url, stack.api_url) == ([], "", "")
+        assert not logs.exists()  # no log file touched, not even the directory made
+        assert _handlers() == handlers
+
+
+def test_both_busy_ports_are_named(listening: int, tmp_path: Path) -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        flower_port = other.getsockname()[1]
+        stack = Stack(Settings(flower_port=flower_port), tmp_path / "logs")
+        with pytest.raises(StackError) as caught:
+            stack.start((), api_port=listening, flower=True)
+    assert (f"port {listening} (the API, --port) and {flower_port} (Flower, CORTEX_FLOWER_PORT)"
+            in str(caught.value))
+
+
+def test_a_port_left_in_time_wait_by_a_stopped_stack_is_free() -> None:
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's and Redis's
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        accepted.close()  # the server side closes first: its end waits in TIME_WAIT
+        client.close()
+    assert not port_in_use(port)
+
+
+def test_a_log_directory_in_use_is_refused_and_its_logs_kept(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    first = Stack(Settings(), logs)
+    first._lock_log_dir()  # what `start` does first, for a stack that is up
+    (logs / "api.log").write_text("the first stack's log\n")
+    try:
+        second = Stack(Settings(), logs)
+        with pytest.raises(StackError, match="another stack keeps its logs in"):
+            second.start((), api_port=free_port())
+        assert second.procs == []
+        assert (logs / "api.log").read_text() == "the first stack's log\n"
+    finally:
+        first.stop()
+    third = Stack(Settings(), logs)  # released by `stop`
+    third._lock_log_dir()
+    third.stop()
+
+
+def test_cortex_up_on_a_busy_port_says_so_and_never_that_it_is_up(tmp_path: Path,
+                                                                  listening: int) -> None:
+    from typer.testing import CliRunner
+
+    from cortex_api.cli import app
+
+    result = CliRunner().invoke(app, ["up", "--port", str(listening), "--no-flower",
+                                      "--log-dir", str(tmp_path / "logs")])
+    assert result.exit_code == 1, result.output
+    assert f"port {listening} (the API, --port)" in result.output
+    assert "Cortex is up" not in result.output
+    assert not (tmp_path / "logs").exists()
