@@ -38,8 +38,8 @@ def crash(code: int = 3) -> str:
 
 @server.tool()
 async def hang(marker: str, seconds: float = 3600, release: str = "") -> dict[str, float]:
-    """Sleep `seconds`, or until the file `release` exists (then answer `released`); mark the
-    file `marker` when it starts and when it is cancelled."""
+    """Sleep `seconds`; mark the file `marker` when it starts and when it is cancelled. With
+    `release`, answer `released` as soon as that file exists."""
     with open(marker, "a") as f:
         f.write("started\n")
     try:
