@@ -17,6 +17,7 @@ from cortex_api.sse import EventHub
 from cortex_worker.observability import tracing
 from cortex_worker.settings import Settings, get_settings
 from cortex_worker.store.state import Store
+from cortex_worker.worker import signals
 
 
 def _version() -> str:
@@ -38,6 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                required_pools(settings))
         app.state.store, app.state.hub, app.state.readiness = store, hub, probe
         tracing.configure("cortex-api")  # a job's start message carries its trace
+        signals.connect_messages()
         try:
             yield
         finally:

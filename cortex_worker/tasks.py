@@ -1,17 +1,11 @@
-"""The Celery tasks. Bodies live in `executor` and `jobs`; these are thin entry points."""
+"""The Celery tasks. Bodies live in `executor` and `jobs`; these are thin entry points. What
+each worker process runs besides them is `cortex_worker.worker.steps`."""
 
 from __future__ import annotations
 
 from typing import Any, NoReturn
 
 from celery import Task
-from celery.signals import (
-    worker_init,
-    worker_process_init,
-    worker_process_shutdown,
-    worker_shutdown,
-    worker_shutting_down,
-)
 
 from cortex_worker.actions import dispatch, executor
 from cortex_worker.app import app
@@ -19,40 +13,11 @@ from cortex_worker.handles import get_store
 from cortex_worker.jobs import feeds
 from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.jobs.turns import loop as coordinator
-from cortex_worker.observability import tracing
-from cortex_worker.recovery import reconciler
-from cortex_worker.sandbox.process import install_sigterm_handler
-from cortex_worker.settings import get_settings
+from cortex_worker.worker import signals, steps
 
-
-@worker_process_init.connect
-def _init_process(**_: Any) -> None:
-    # A revoked (terminated) task must take its sandboxed processes with it.
-    install_sigterm_handler()
-    tracing.configure("cortex-worker")  # the exporter's thread does not survive the fork
-    reconciler.start(get_store(), get_settings())  # a prefork child: it holds leases
-
-
-@worker_init.connect
-def _init_worker(sender: Any = None, **_: Any) -> None:
-    # The worker's own process: threaded pools run their tasks here; a prefork parent beats
-    # and reconciles too (its children start their own heartbeat after the fork).
-    tracing.configure("cortex-worker")
-    reconciler.start(get_store(), get_settings())
-    if sender is not None and "thread" in str(sender.pool_cls) \
-            and "agent" in sender.app.amqp.queues.consume_from:
-        coordinator.wait_in_place(int(sender.concurrency))
-
-
-@worker_shutting_down.connect
-def _stop_waiting(**_: Any) -> None:
-    coordinator.stop_waiting()  # a warm shutdown does not wait for turns that only wait
-
-
-@worker_process_shutdown.connect
-@worker_shutdown.connect
-def _flush_traces(**_: Any) -> None:
-    tracing.flush()
+# Every worker imports this module (the app's `include`): its processes run the steps.
+signals.connect_process(steps.PROCESS)
+signals.connect_messages()
 
 
 @app.task(name="cortex.start_job", ignore_result=True)

@@ -118,8 +118,10 @@ _open: weakref.WeakSet[BackgroundDispatcher] = weakref.WeakSet()
 
 
 @atexit.register
-def _drain_all() -> None:
-    """At exit, the events still queued go out (a sender's last `task-sent`, ...)."""
+def drain_all() -> None:
+    """The events still queued in this process go out: at a worker process's shutdown (the
+    `task-events` step of `cortex_worker.worker.steps`; a prefork child exits without running
+    `atexit`), and at exit (a sender's last `task-sent`, ...)."""
     for dispatcher in list(_open):
         dispatcher.drain()
 

@@ -27,8 +27,6 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from celery.signals import before_task_publish, task_postrun, task_prerun
-
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
@@ -41,26 +39,34 @@ log = logging.getLogger(__name__)
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 HEADER = "traceparent"
 
-_tracer: Tracer | None = None
-_provider: Any = None  # the SDK's TracerProvider, when exporting
-_configured_pid: int | None = None
-_lock = threading.Lock()
+
+class _Exporting:
+    """This process's tracer (None: not exporting) and the SDK's provider behind it, set up
+    by `configure` once per process (`pid`: the process that did)."""
+
+    def __init__(self) -> None:
+        self.tracer: Tracer | None = None
+        self.provider: Any = None
+        self.pid: int | None = None
+        self.lock = threading.Lock()
+
+
+_here = _Exporting()
 _forced_ids: ContextVar[tuple[int, int] | None] = ContextVar("cortex_forced_ids", default=None)
 _task_spans: dict[str, tuple[Any, object]] = {}  # task id -> (span, context token)
 
 
 def enabled() -> bool:
-    return _tracer is not None
+    return _here.tracer is not None
 
 
 def configure(service: str) -> bool:
     """Export this process's spans if an OTLP endpoint is set; once per process (a prefork
     child configures its own: the exporter's thread does not survive a fork)."""
-    global _tracer, _provider, _configured_pid
-    with _lock:
-        if _configured_pid == os.getpid():
-            return _tracer is not None
-        _configured_pid, _tracer, _provider = os.getpid(), None, None
+    with _here.lock:
+        if _here.pid == os.getpid():
+            return _here.tracer is not None
+        _here.pid, _here.tracer, _here.provider = os.getpid(), None, None
         if not any(os.environ.get(name) for name in ENDPOINT_VARIABLES):
             return False
         try:
@@ -76,14 +82,14 @@ def configure(service: str) -> bool:
         provider = TracerProvider(resource=Resource.create({"service.name": name}),
                                   id_generator=_job_ids())
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        _provider, _tracer = provider, provider.get_tracer("cortex")
+        _here.provider, _here.tracer = provider, provider.get_tracer("cortex")
         return True
 
 
 def flush() -> None:
     """Export what is buffered now (a worker process about to exit)."""
-    if _provider is not None:
-        _provider.force_flush()
+    if _here.provider is not None:
+        _here.provider.force_flush()
 
 
 def job_ids(job_id: str) -> tuple[int, int]:
@@ -134,22 +140,24 @@ def _parent(job_id: str | None) -> Any:
 def span(name: str, job_id: str | None = None,
          attributes: Mapping[str, Any] | None = None) -> AbstractContextManager[Span | None]:
     """A span around a block, current inside it (a no-op when not exporting)."""
-    if _tracer is None:
+    tracer = _here.tracer
+    if tracer is None:
         return nullcontext()
-    return _tracer.start_as_current_span(name, context=_parent(job_id),
+    return tracer.start_as_current_span(name, context=_parent(job_id),
                                          attributes=dict(attributes or {}))
 
 
 def record_job(job_id: str, started_at: float | None, status: str,
                attributes: Mapping[str, Any]) -> None:
     """The job's root span, from its start to now (called once, when it ends)."""
-    if _tracer is None:
+    tracer = _here.tracer
+    if tracer is None:
         return
     from opentelemetry.trace import Status, StatusCode
 
     token = _forced_ids.set(job_ids(job_id))
     try:
-        root = _tracer.start_span("job", context={}, start_time=int(
+        root = tracer.start_span("job", context={}, start_time=int(
             (started_at or time.time()) * 1e9), attributes={
             "cortex.job.id": job_id, "cortex.job.status": status, **attributes})
     finally:
@@ -163,9 +171,10 @@ def model_stream(config: ModelConfig, start: Callable[[Take[T]], Iterator[T]],
                  take: Take[T]) -> Iterator[T]:
     """`start(take)` (a model stream whose pieces go to `take`) inside a GenAI client span
     `chat <model>` with the usage it reports."""
-    if _tracer is None:
+    tracer = _here.tracer
+    if tracer is None:
         return start(take)
-    return _model_stream(_tracer, config, start, take)
+    return _model_stream(tracer, config, start, take)
 
 
 def _model_stream(tracer: Tracer, config: ModelConfig, start: Callable[[Take[T]], Iterator[T]],
@@ -201,10 +210,10 @@ def _model_stream(tracer: Tracer, config: ModelConfig, start: Callable[[Take[T]]
         current.end()
 
 
-# -- task messages -------------------------------------------------------------------------
-@before_task_publish.connect
-def _inject(headers: dict[str, Any] | None = None, body: Any = None, **_: Any) -> None:
-    if _tracer is None or headers is None:
+# -- task messages (Celery's signals, connected by `cortex_worker.worker.signals`) ------------
+def inject_headers(headers: dict[str, Any] | None = None, body: Any = None, **_: Any) -> None:
+    """`before_task_publish`: the message carries the span that sends it (else its job's)."""
+    if _here.tracer is None or headers is None:
         return
     from opentelemetry.propagate import inject
 
@@ -214,10 +223,11 @@ def _inject(headers: dict[str, Any] | None = None, body: Any = None, **_: Any) -
         headers[HEADER] = carrier[HEADER]
 
 
-@task_prerun.connect
-def _start_task(task_id: str | None = None, task: Any = None, args: Any = None,
-                **_: Any) -> None:
-    if _tracer is None or task is None or task_id is None:
+def start_task_span(task_id: str | None = None, task: Any = None, args: Any = None,
+                    **_: Any) -> None:
+    """`task_prerun`: the task's span, under the one its message carries, made current."""
+    tracer = _here.tracer
+    if tracer is None or task is None or task_id is None:
         return
     from opentelemetry import context, trace
     from opentelemetry.propagate import extract
@@ -233,13 +243,13 @@ def _start_task(task_id: str | None = None, task: Any = None, args: Any = None,
         attributes["cortex.job.id"] = job_id
     if args and len(args) > 1 and isinstance(args[1], str):
         attributes["cortex.action.id"] = args[1]
-    started = _tracer.start_span(task.name, context=parent, kind=SpanKind.CONSUMER,
+    started = tracer.start_span(task.name, context=parent, kind=SpanKind.CONSUMER,
                                  attributes=attributes)
     _task_spans[task_id] = (started, context.attach(trace.set_span_in_context(started)))
 
 
-@task_postrun.connect
-def _end_task(task_id: str | None = None, state: str | None = None, **_: Any) -> None:
+def end_task_span(task_id: str | None = None, state: str | None = None, **_: Any) -> None:
+    """`task_postrun`: the task's span ends (an error if the task raised)."""
     entry = _task_spans.pop(task_id or "", None)
     if entry is None:
         return

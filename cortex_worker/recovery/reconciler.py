@@ -22,8 +22,6 @@ does the rest of its branch.
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from typing import Any
 
@@ -189,22 +187,14 @@ class Reconciler:
         self.store.emit(job_id, [("warning", {"kind": kind, "message": message})], live=True)
 
 
-_started: dict[int, Heartbeat] = {}  # by pid: a forked child starts its own
-_lock = threading.Lock()
+def heartbeat(store: Store, settings: Settings) -> Heartbeat:
+    """This process's heartbeat (not started: the `heartbeat` step of `cortex_worker.worker.steps`
+    starts one in each worker process), which also runs a reconciler pass whenever it takes the
+    lock (once per `reconcile_every_s` across all processes)."""
+    reconciler = Reconciler(store, settings)
 
+    def tick() -> None:
+        if store.try_lock(RECONCILER_LOCK, owner(), settings.reconcile_every_s):
+            reconciler.reconcile()
 
-def start(store: Store, settings: Settings) -> Heartbeat:
-    """This process's heartbeat, which also runs a reconciler pass whenever it takes the lock
-    (once per `reconcile_every_s` across all processes). Once per process: a prefork child
-    inherits its parent's record but not its thread, so it starts its own."""
-    with _lock:
-        if os.getpid() not in _started:
-            reconciler = Reconciler(store, settings)
-
-            def tick() -> None:
-                if store.try_lock(RECONCILER_LOCK, owner(), settings.reconcile_every_s):
-                    reconciler.reconcile()
-
-            _started[os.getpid()] = Heartbeat(store, settings.heartbeat_s,
-                                              settings.liveness_ttl_s, tick).start()
-        return _started[os.getpid()]
+    return Heartbeat(store, settings.heartbeat_s, settings.liveness_ttl_s, tick)

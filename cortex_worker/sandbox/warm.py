@@ -264,8 +264,21 @@ class _Zygote:
         self.sock.close()
 
 
-_lock = threading.Lock()
-_owner = os.getpid()  # the process whose children the zygotes below are
+class _Owner:
+    """The lock of the tables below and the process whose children their zygotes are."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pid = os.getpid()
+
+    def forked(self) -> None:
+        """A child forked while another thread held the lock must not wait for it forever
+        (its parent's zygotes are dropped at its first call, `_zygote_for`)."""
+        self.lock = threading.Lock()
+
+
+_here = _Owner()
+os.register_at_fork(after_in_child=_here.forked)  # every fork, not only a worker's children
 _zygotes: dict[Key, _Zygote] = {}  # least recently used first
 _retired: list[_Zygote] = []
 _cold: dict[Key, str] = {}
@@ -324,10 +337,9 @@ def _answered(stdout: bytes) -> bool:
 
 def _zygote_for(key: Key, timeout: float) -> _Zygote | None:
     """The ready zygote of `key`, started if needed; None: this call runs cold."""
-    global _owner
-    with _lock:
-        if _owner != os.getpid():  # a forked worker process: those zygotes are its parent's
-            _owner = os.getpid()
+    with _here.lock:
+        if _here.pid != os.getpid():  # a forked worker process: those zygotes are its parent's
+            _here.pid = os.getpid()
             _zygotes.clear()
             _retired.clear()
         _reap_retired()
@@ -348,7 +360,7 @@ def _zygote_for(key: Key, timeout: float) -> _Zygote | None:
             _retire_locked(next(iter(_zygotes)))
     if server.wait_ready(timeout):
         return server
-    with _lock:
+    with _here.lock:
         if server.unusable is not None:
             _go_cold(key, server.unusable)
         if _zygotes.get(key) is server:
@@ -362,7 +374,7 @@ def _go_cold(key: Key, reason: str) -> None:
 
 
 def _retire(key: Key, server: _Zygote) -> None:
-    with _lock:
+    with _here.lock:
         if _zygotes.get(key) is server:
             _retire_locked(key)
 
@@ -386,12 +398,3 @@ def pidfds() -> bool:
     except (AttributeError, OSError):
         return False
     return True
-
-
-def _new_lock() -> None:
-    """A child forked while another thread held the lock must not wait for it forever."""
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_lock)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
@@ -33,19 +34,15 @@ from kombu.transport import virtual
 
 log = logging.getLogger(__name__)
 
-_installed = False
-
 
 def _torn_down(qos: Any) -> bool:
     """The channel's broker connection is gone (closed after a connection loss)."""
     return getattr(qos.channel.connection, "client", None) is None
 
 
+@cache
 def install() -> None:
-    """Apply the fixes (idempotent)."""
-    global _installed
-    if _installed:
-        return
+    """Apply the fixes (once per process: a second call does nothing)."""
     restore_unacked, ack, reject = (kombu_redis.QoS.restore_unacked, kombu_redis.QoS.ack,
                                     kombu_redis.QoS.reject)
 
@@ -87,4 +84,3 @@ def install() -> None:
     kombu_redis.QoS.ack = safe_ack
     kombu_redis.QoS.reject = safe_reject
     kombu_redis.Channel.conn_or_acquire = shared_client
-    _installed = True

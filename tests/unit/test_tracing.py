@@ -16,7 +16,7 @@ def test_without_an_endpoint_nothing_is_set_up_and_nothing_wraps(
         monkeypatch: pytest.MonkeyPatch) -> None:
     for name in tracing.ENDPOINT_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(tracing, "_configured_pid", None)
+    monkeypatch.setattr(tracing._here, "pid", None)
     assert tracing.configure("cortex-test") is False and not tracing.enabled()
     pieces = iter([TextDelta("x")])
     take = hand_over
