@@ -4,14 +4,17 @@
 "use strict";
 (function () {
   const C = window.Cortex;
-  const { el, fmtTime, fmtDuration, TERMINAL_JOB } = C;
+  const { el, fmtTime, fmtDuration } = C;
   const $ = (id) => document.getElementById(id);
   const config = JSON.parse($("cx-config").textContent);
   const jobId = config.job_id;
   const dockerTools = new Set(config.docker_tools || []);
   const apiBase = "../v1/jobs/" + encodeURIComponent(jobId);
   const SVG = "http://www.w3.org/2000/svg";
-  const TERMINAL_ACTION = new Set(["ok", "error", "timeout", "skipped", "cancelled"]);
+  // The vocabulary (cortex_worker/protocol/events.py) comes with the page, in its config.
+  const EVENT_TYPES = config.event_types;  // each is listened for: SSE messages are named by type
+  const TERMINAL_JOB = new Set(config.terminal_jobs);
+  const TERMINAL_ACTION = new Set(config.terminal_actions);
   const RANK = { pending: 0, waiting: 1, awaiting_approval: 2, queued: 2, running: 3 };
   const JOB_RANK = { loading: -1, queued: 0, running: 1, finishing: 2 };
   const POOLS = ["model", "agent", "tool", "docker", "llm", "relic"];
@@ -221,13 +224,6 @@
     }
     schedule();
   }
-
-  const EVENT_TYPES = ["job_queued", "job_started", "turn_started", "usage", "turn_completed",
-    "child_job", "job_completed", "job_failed", "job_cancelled", "text", "thought_chunk",
-    "thought_end", "response_chunk", "response_end", "context_feed", "action_parsed",
-    "protocol_error", "warning", "action_queued", "action_started", "action_retrying",
-    "action_completed", "action_failed", "action_skipped", "action_cancelled",
-    "approval_requested", "action_approved", "action_rejected"];
 
   function connect() {
     source = new EventSource(C.withKey(apiBase + "/events"));

@@ -20,11 +20,15 @@ from fastapi.responses import HTMLResponse, Response
 from cortex_api.auth import StreamCallerDep
 from cortex_api.deps import SettingsDep, StoreDep
 from cortex_worker.handles import get_registry
+from cortex_worker.protocol.events import ACTION_TERMINAL, JOB_TERMINAL, EventType
 
 log = logging.getLogger("cortex.api.page")
 
 router = APIRouter(tags=["page"], include_in_schema=False)
 
+#: The words job.js reads a job's events and statuses by (protocol.events), in its config.
+VOCABULARY = {"event_types": list(EventType), "terminal_jobs": sorted(JOB_TERMINAL),
+              "terminal_actions": sorted(ACTION_TERMINAL)}
 JS = "text/javascript; charset=utf-8"
 ASSETS = {"job.js": JS, "jobs.js": JS, "common.js": JS, "markdown.js": JS,
           "job.css": "text/css; charset=utf-8"}
@@ -67,7 +71,7 @@ def job_page(job_id: str, store: StoreDep, caller: StreamCallerDep) -> HTMLRespo
     if job is None or not caller.owns(job.tenant):
         return HTMLResponse(_not_found(job_id), status_code=404)
     text = _asset("job.html")
-    config = _json_for_script({"job_id": job_id, "docker_tools": _docker_tools()})
+    config = _json_for_script({"job_id": job_id, "docker_tools": _docker_tools(), **VOCABULARY})
     text = text.replace("{{CONFIG}}", config).replace("{{JOB_ID}}", html.escape(job_id))
     return HTMLResponse(text, headers={"Cache-Control": "no-store"})
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cortex_api.routes import page
 from cortex_worker.protocol import parser
 from cortex_worker.protocol.events import (
     ACTION_TERMINAL,
@@ -176,3 +177,18 @@ def test_an_event_reads_the_wire_shape_the_scripts_write() -> None:
     assert Event.model_validate_json(event.model_dump_json()) == event
     later = Event.model_validate({"job_id": "j1", "seq": 8, "ts": 1.0, "type": "a_later_type"})
     assert (later.type, later.data, later.terminal) == ("a_later_type", {}, False)
+
+
+def test_the_job_page_reads_the_vocabulary() -> None:
+    """job.js gets the event types and terminal statuses with its config, and every event
+    type and status it spells in its handlers is a member."""
+    text = (ROOT / "cortex_api" / "page" / "job.js").read_text()
+    read = set(re.findall(r"config\.((?:event_types|terminal_)\w*)", text))
+    assert read == set(page.VOCABULARY) == {"event_types", "terminal_jobs", "terminal_actions"}
+    assert page.VOCABULARY["event_types"] == list(EventType)
+    cases = set(re.findall(r'case "([a-z_]+)":', text))
+    assert len(cases) > 20 and cases - set(EventType) == set()
+    actions = set(re.findall(r'setStatus\(a, "([a-z_]+)"\)', text))
+    assert actions and actions - set(ActionStatus) == set()
+    jobs = set(re.findall(r'setJobStatus\("([a-z_]+)"\)', text))
+    assert jobs and jobs - set(JobStatus) == set()
