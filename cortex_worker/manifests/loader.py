@@ -14,8 +14,9 @@ a list of objects of that kind:
         runtime: python
         entrypoint: exampletools:slugify
 
-Every problem raises `ManifestError` naming the file and the field, e.g.
-`examples/manifests/tools.yaml: tools[2] 'grep2': runtime: Input should be ...`.
+Every problem is reported naming the file and the field, e.g.
+`examples/manifests/tools.yaml: tools[2] 'grep2': runtime: Input should be ...`. Loading goes
+on past a broken object or file, and one `ManifestError` lists every problem found.
 
 Adding a kind (Relic, Workflow): a model with `kind: Literal[...]` and `name`, a `dict`
 field on `Registry`, and one `Kind` entry in `KINDS`. A kind's `check` sees one object alone;
@@ -28,6 +29,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -54,7 +56,20 @@ BUILTIN_SOURCE = "<built-in>"
 
 
 class ManifestError(CortexError, ValueError):
-    """A manifest that cannot be loaded; the message names the file and the field."""
+    """Manifests that cannot be loaded. `problems`: each one, naming its file and field; the
+    message is the one problem, or all of them, one a line (a user fixes them in one go)."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems = list(problems) or [message]
+
+    @classmethod
+    def of(cls, problems: Sequence[str]) -> ManifestError:
+        """One error for all of `problems`."""
+        if len(problems) == 1:
+            return cls(problems[0])
+        return cls(f"{len(problems)} problems:\n" + "\n".join(f"  {p}" for p in problems),
+                   problems)
 
 
 class UnknownAgentError(CortexError, LookupError):
@@ -286,25 +301,43 @@ def load_registry(directory: Path | None, tool_modules: Sequence[str] = ()) -> R
     registry.directory = directory.resolve()
     registry.module_paths = [registry.directory]
     loaded: list[tuple[Kind, Path, str, BaseModel]] = []
+    problems: list[str] = []
     for path in manifest_files(directory):
-        for kind, where, spec in load_file(path):
-            _add(registry, kind, spec, _show(path), where)
-            loaded.append((kind, path, where, spec))
-    _add_function_tools(registry, tool_modules, "CORTEX_TOOL_MODULES")
+        with _noting(problems):
+            for kind, where, spec in load_file(path):
+                with _noting(problems):
+                    _add(registry, kind, spec, _show(path), where)
+                    loaded.append((kind, path, where, spec))
+    with _noting(problems):
+        _add_function_tools(registry, tool_modules, "CORTEX_TOOL_MODULES")
     for kind, path, _, spec in loaded:  # before the links: agents name these tools
         if kind.name == "ToolModule":
-            _add_function_tools(registry, [spec.name], _show(path))  # type: ignore[attr-defined]
-    _add_mcp_tools(registry, [(path, where, spec) for kind, path, where, spec in loaded
-                              if isinstance(spec, MCPServerSpec)])
+            with _noting(problems):
+                _add_function_tools(registry, [spec.name], _show(path))  # type: ignore[attr-defined]
+    with _noting(problems):
+        _add_mcp_tools(registry, [(path, where, spec) for kind, path, where, spec in loaded
+                                  if isinstance(spec, MCPServerSpec)])
     for kind, path, where, spec in loaded:  # cross-references: every file is loaded now
         if kind.link is None:
             continue
         try:
             linked = kind.link(spec, registry, path)
         except ValueError as exc:
-            raise ManifestError(f"{_show(path)}: {where}: {exc}") from None
+            problems.append(f"{_show(path)}: {where}: {exc}")
+            continue
         getattr(registry, kind.section)[linked.name] = linked
+    if problems:
+        raise ManifestError.of(problems)
     return registry
+
+
+@contextmanager
+def _noting(problems: list[str]) -> Iterator[None]:
+    """Note a ManifestError's problems in `problems` and go on loading."""
+    try:
+        yield
+    except ManifestError as exc:
+        problems.extend(exc.problems)
 
 
 def _add_function_tools(registry: Registry, modules: Sequence[str], shown: str) -> None:
@@ -385,12 +418,19 @@ def load_file(path: Path) -> Iterator[tuple[Kind, str, BaseModel]]:
         raise ManifestError(f"{shown}: cannot read: {exc}") from None
     present = [(i, doc) for i, doc in enumerate(documents, start=1) if doc is not None]
     many = len(present) > 1
+    problems: list[str] = []
     for number, doc in present:
         prefix = f"document {number}: " if many else ""
-        yield from _load_document(doc, shown, prefix)
+        with _noting(problems):
+            yield from _load_document(doc, shown, prefix, problems)
+    if problems:  # raised once the file's good objects are given: a caller may go on
+        raise ManifestError.of(problems)
 
 
-def _load_document(doc: Any, shown: str, prefix: str) -> Iterator[tuple[Kind, str, BaseModel]]:
+def _load_document(doc: Any, shown: str, prefix: str,
+                   problems: list[str]) -> Iterator[tuple[Kind, str, BaseModel]]:
+    """The objects of one YAML document; a broken object's problem goes to `problems`, one
+    that breaks the whole document is raised."""
     if not isinstance(doc, dict):
         raise ManifestError(
             f"{shown}: {prefix}a manifest must be a mapping with 'kind', got {type(doc).__name__}"
@@ -415,20 +455,22 @@ def _load_document(doc: Any, shown: str, prefix: str) -> Iterator[tuple[Kind, st
     for section, items in doc.items():
         kind = SECTIONS[section]
         if not isinstance(items, list):
-            raise ManifestError(f"{shown}: {prefix}{section}: must be a list of {kind.label}s")
+            problems.append(f"{shown}: {prefix}{section}: must be a list of {kind.label}s")
+            continue
         for index, item in enumerate(items):
             where = f"{prefix}{section}[{index}]"
             if isinstance(item, dict) and item.get("name"):
                 where += f" {item['name']!r}"
             if not isinstance(item, dict):
-                raise ManifestError(
-                    f"{shown}: {where}: must be a mapping, got {type(item).__name__}"
-                )
+                problems.append(f"{shown}: {where}: must be a mapping, got {type(item).__name__}")
+                continue
             if item.get("kind", kind.name) != kind.name:
-                raise ManifestError(
-                    f"{shown}: {where}: kind: {item['kind']!r} in '{section}' (it holds {kind.name}s)"
-                )
-            yield kind, where, _validate(kind, {"kind": kind.name, **item}, shown, where)
+                problems.append(f"{shown}: {where}: kind: {item['kind']!r} in '{section}' (it "
+                                f"holds {kind.name}s)")
+                continue
+            with _noting(problems):
+                model = _validate(kind, {"kind": kind.name, **item}, shown, where)
+                yield kind, where, model
 
 
 def _kind(value: Any, shown: str, prefix: str) -> Kind:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex_worker.manifests.loader import BUILTIN_SOURCE, Registry, load_registry
+from cortex_worker.manifests.loader import BUILTIN_SOURCE, ManifestError, Registry, load_registry
 from cortex_worker.protocol.document import load_document
 from cortex_worker.tools.errors import ToolError
 from cortex_worker.tools.spec import BUILTIN_TOOLS, validate_parameters
@@ -118,6 +118,50 @@ def test_registry_tool_lookup() -> None:
 
 
 # ---------------------------------------------------------------- errors
+
+
+def test_every_problem_of_a_broken_directory_is_reported(tmp_path: Path) -> None:
+    """Not only the first: each broken object of each file, and what the links find, each
+    naming its file and field; the objects that load well are not reported."""
+    write(tmp_path, "a_tools.yaml", """
+        tools:
+          - {name: good, runtime: shell, command: ["true"]}
+          - {name: grep2, runtime: perl, command: [grep]}
+          - just a string
+          - {name: nocmd, runtime: shell}
+        """)
+    write(tmp_path, "b_broken.yaml", "tools: [\n")
+    write(tmp_path, "c_agents.yaml", """
+        kind: Agent
+        name: helper
+        system_prompt: hi
+        model: {base_url: "http://127.0.0.1:9", api_key_env: null}
+        tools: [good, grep2, ghost]
+        """)
+    write(tmp_path, "d_kind.yaml", "kind: Tol\nname: x\n")
+    with pytest.raises(ManifestError) as info:
+        load_registry(tmp_path)
+    problems = info.value.problems
+    assert [p.split(": ", 2)[:2] for p in problems] == [
+        ["a_tools.yaml", "tools[1] 'grep2'"],
+        ["a_tools.yaml", "tools[2]"],
+        ["a_tools.yaml", "tools[3] 'nocmd'"],
+        ["b_broken.yaml", "invalid YAML"],
+        ["d_kind.yaml", "kind"],
+        ["c_agents.yaml", "Agent 'helper'"],  # a link: after every file has loaded
+    ]
+    assert problems[0].startswith("a_tools.yaml: tools[1] 'grep2': runtime: Input should be ")
+    assert problems[2] == "a_tools.yaml: tools[3] 'nocmd': runtime 'shell' needs command"
+    assert problems[5].startswith("c_agents.yaml: Agent 'helper': tools[1]: unknown tool 'grep2'")
+    assert str(info.value) == "6 problems:\n" + "\n".join(f"  {p}" for p in problems)
+
+
+def test_one_problem_is_reported_alone(tmp_path: Path) -> None:
+    write(tmp_path, "tools.yaml", "tools:\n  - {name: grep2, runtime: perl, command: [grep]}\n")
+    with pytest.raises(ManifestError) as info:
+        load_registry(tmp_path)
+    assert info.value.problems == [str(info.value)]
+    assert str(info.value).startswith("tools.yaml: tools[0] 'grep2': runtime: ")
 
 
 def test_error_names_file_section_index_name_and_field(tmp_path: Path) -> None:
