@@ -1,1 +1,2 @@
-"""The worker process: its per-process steps and the fixes to kombu it runs with."""
+"""The worker process: what each one runs beside its tasks (`steps`, run in order by `process`),
+the one module that connects Celery's signals (`signals`), and the fixes to kombu it runs with."""
