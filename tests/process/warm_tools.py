@@ -1,4 +1,4 @@
-"""Functions run by the warm runner in tests/unit/test_warm.py (a python tool module).
+"""Functions run by the warm runner in tests/process/test_warm.py (a python tool module).
 
 `IMPORTED_IN` is the process that imported the module: the zygote when the call is warm, the
 call's own process when it is cold. With WARM_TOOLS_THREAD set, importing it starts a thread.

@@ -21,7 +21,7 @@ from cortex_worker.tools.function import FunctionTool, tool
 from cortex_worker.tools.runtime import run_tool
 from tests.manifest_helpers import TEST_MANIFESTS, write
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.process
 
 
 class Filter(BaseModel):

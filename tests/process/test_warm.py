@@ -34,7 +34,7 @@ from cortex_worker.sandbox.process import (
 from cortex_worker.sandbox.warm import RUNNER, run_warm
 from cortex_worker.tools.spec import Limits
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.process
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]

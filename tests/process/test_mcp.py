@@ -36,7 +36,7 @@ from cortex_worker.tools.spec import queue_for
 from tests.harness import free_port, wait_until
 from tests.manifest_helpers import REPO_ROOT, TEST_MANIFESTS, load_error, write
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.process
 
 FAULTY = REPO_ROOT / "tests" / "mcp_servers" / "faulty.py"
 FAULTY_COMMAND = json.dumps([sys.executable, str(FAULTY)])

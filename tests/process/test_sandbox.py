@@ -20,7 +20,7 @@ from cortex_worker.sandbox import process, snippet
 from cortex_worker.sandbox.process import SandboxError, kill_all, live_groups, run_sandboxed
 from cortex_worker.tools.spec import Limits
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.process
 
 PY = sys.executable
 REPO_ROOT = Path(__file__).resolve().parents[2]

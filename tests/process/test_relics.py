@@ -47,7 +47,7 @@ from tests.manifest_helpers import (
     write,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.process
 
 
 

@@ -24,7 +24,7 @@ from cortex_worker.sandbox.isolation import Isolation, interpreter_paths, mount_
 from cortex_worker.sandbox.process import SandboxError, SandboxResult, run_sandboxed
 from cortex_worker.tools.spec import Limits
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.process
 
 PY = sys.executable
 NOBODY = isolation.sandbox_user("nobody")

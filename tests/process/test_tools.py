@@ -30,7 +30,7 @@ from cortex_worker.tools.spec import (
     validate_parameters,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TEST_MANIFESTS = REPO_ROOT / "tests" / "manifests"
