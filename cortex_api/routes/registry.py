@@ -10,8 +10,9 @@ from pydantic import BaseModel, Field
 
 from cortex_api.auth import require_key
 from cortex_api.errors import api_error, responses
+from cortex_worker.actions.types.internal import INTERNAL_ACTIONS
 from cortex_worker.agents.prompt import build_system_prompt
-from cortex_worker.agents.spec import INTERNAL_ACTIONS, AgentSpec
+from cortex_worker.agents.spec import AgentSpec
 from cortex_worker.handles import get_registry
 from cortex_worker.manifests.loader import Registry
 from cortex_worker.plan.canvas import decompose

@@ -1,31 +1,5 @@
-"""Agents: `kind: Agent` manifests and the prompts their models read."""
+"""Agents: `kind: Agent` manifests (`spec`), the prompts their models read (`prompt`, `text`)
+and `type="agent"` actions run as child jobs (`action`).
 
-from cortex_worker.agents.prompt import (
-    PROTOCOL_REMINDER,
-    build_system_prompt,
-    format_errors,
-    format_feeds,
-    format_results,
-    tool_functions,
-)
-from cortex_worker.agents.spec import (
-    INTERNAL_ACTIONS,
-    AgentSpec,
-    FeedSource,
-    FeedSpec,
-    InternalActionPolicy,
-)
-
-__all__ = [
-    "INTERNAL_ACTIONS",
-    "PROTOCOL_REMINDER",
-    "AgentSpec",
-    "FeedSource",
-    "FeedSpec",
-    "InternalActionPolicy",
-    "build_system_prompt",
-    "format_errors",
-    "format_feeds",
-    "format_results",
-    "tool_functions",
-]
+Kept import-free: the action types (`actions.types`) read `text`, and `spec` reads their table.
+"""

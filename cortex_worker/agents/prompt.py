@@ -17,9 +17,10 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from cortex_worker.agents.spec import INTERNAL_ACTIONS, AgentSpec
+from cortex_worker.actions.table import ACTION_TYPES
 
 if TYPE_CHECKING:
+    from cortex_worker.agents.spec import AgentSpec
     from cortex_worker.manifests.loader import Registry
     from cortex_worker.tools.spec import ToolSpec
 
@@ -96,17 +97,6 @@ Your last turn neither started an action nor gave a final response. Every turn m
 of them: call an action, e.g. `<action type="tool" mode="sync" id="step1">{"name": "...", \
 "parameters": {...}}</action>`, or finish with `<response final="true">your answer</response>`."""
 
-_INTERNAL_PARAMETERS: dict[str, str] = {
-    "add_context_feed": '{"id", "type": "on_demand"|"periodic", "interval", '
-    '"source": {"type", "name", "params"}}',
-    "remove_context_feed": '{"id"}',
-    "update_context_feed": '{"id", fields to change}',
-    "list_context_feeds": "{}",
-    "set_variable": '{"name", "value"}: then $name',
-    "delete_variable": '{"name"}',
-    "clear_context": "{}: forget the conversation",
-}
-
 _FIXES: dict[str, str] = {
     "invalid_json": (
         'write the body as one valid JSON object, {"name": "...", "parameters": {...}}, with '
@@ -120,7 +110,7 @@ _FIXES: dict[str, str] = {
         "remove the entry"
     ),
     "cycle": "remove the circular dependency: no action may wait, even indirectly, for itself",
-    "unknown_type": "type must be one of: tool, agent, relic, workflow, llm, internal",
+    "unknown_type": f"type must be one of: {', '.join(ACTION_TYPES)}",
     "unknown_mode": "mode must be one of: sync, async, fire_and_forget (with underscores)",
 }
 
@@ -138,64 +128,9 @@ def build_system_prompt(agent: AgentSpec, registry: Registry) -> str:
     parts = [PROTOCOL_RULES, EXAMPLE, intro]
     if agent.system_prompt.strip():
         parts.append(f"# Your instructions\n\n{agent.system_prompt.strip()}")
-    parts.append(_tools_section(agent, registry))
-    if agent.agents:
-        parts.append(_agents_section(agent, registry))
-    for section, label in (("relics", "Relics"), ("workflows", "Workflows")):
-        names = getattr(agent, section)
-        if names:
-            kind = section[:-1]
-            lines = [f'# {label} (type="{kind}")', ""]
-            lines += [f"- {name}" for name in names]
-            parts.append("\n".join(lines))
-    feeds = [feed for feed in agent.context_feeds if feed.enabled]
-    if feeds:
-        lines = ["# Context feeds", "", "Given as <context_feed> blocks; readable as $id:"]
-        lines += [f"- {feed.id} ({feed.type})" for feed in feeds]
-        parts.append("\n".join(lines))
-    parts.append(_internal_section(agent))
+    parts += [section for row in ACTION_TYPES.values()
+              if (section := row.prompt(agent, registry)) is not None]
     return "\n\n".join(parts) + "\n"
-
-
-def _tools_section(agent: AgentSpec, registry: Registry) -> str:
-    if not agent.tools:
-        return '# Tools (type="tool")\n\nNone: do not write type="tool" actions.'
-    lines = ['# Tools (type="tool")', ""]
-    native = agent.model.native_tools
-    if native:  # their schemas are in the function definitions: not twice
-        lines += ["Call them as native function calls, or as actions with the parameters of "
-                  "their function definitions.", ""]
-    for name in agent.tools:
-        spec = registry.tool(name)
-        description = _one_line(spec.description)
-        lines.append(f"- {spec.name}" + (f": {description}" if description else ""))
-        if not native:
-            lines.append(f"  parameters: {_compact(spec.parameters)}")
-    return "\n".join(lines)
-
-
-def _agents_section(agent: AgentSpec, registry: Registry) -> str:
-    lines = [
-        '# Agents (type="agent")',
-        "",
-        'Call one with `{"name": "<agent>", "parameters": {"input": "<what it should do>"}}`; '
-        "its result is its final response.",
-        "",
-    ]
-    for name in agent.agents:
-        other = registry.agents.get(name)
-        description = _one_line(other.description) if other else ""
-        lines.append(f"- {name}" + (f": {description}" if description else ""))
-    return "\n".join(lines)
-
-
-def _internal_section(agent: AgentSpec) -> str:
-    allowed = [name for name in INTERNAL_ACTIONS if agent.internal_actions.permits(name)]
-    if not allowed:
-        return '# Internal actions (type="internal")\n\nNone: do not write type="internal" actions.'
-    lines = ['# Internal actions (type="internal")', ""]
-    lines += [f"- {name} {_INTERNAL_PARAMETERS[name]}" for name in allowed]
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- turn feedback
@@ -314,19 +249,11 @@ def _function(spec: ToolSpec) -> dict[str, Any]:
 # ---------------------------------------------------------------- helpers
 
 
-def _compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
 def _text(value: Any) -> str:
     """Strings as they are, anything else as JSON."""
     if isinstance(value, str):
         return value
     return json.dumps(value, ensure_ascii=False, default=str)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _attr(value: str) -> str:

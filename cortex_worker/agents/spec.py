@@ -6,10 +6,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cortex_worker.actions.table import FEED_SOURCES
+from cortex_worker.actions.types.internal import INTERNAL_ACTIONS
 from cortex_worker.llm.config import ModelConfig
 
-INTERNAL_ACTIONS = ("add_context_feed", "remove_context_feed", "update_context_feed",
-                    "list_context_feeds", "set_variable", "delete_variable", "clear_context")
+FeedSourceType = Literal[FEED_SOURCES]
+"""The action types a context feed may take its values from (`actions.table`)."""
 
 
 class InternalActionPolicy(BaseModel):
@@ -44,7 +46,7 @@ class ApprovalPolicy(BaseModel):
 class FeedSource(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["internal", "tool", "relic", "workflow", "llm"]
+    type: FeedSourceType
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
 
@@ -87,19 +89,3 @@ class AgentSpec(BaseModel):
     context_feeds: list[FeedSpec] = Field(default_factory=list)
     internal_actions: InternalActionPolicy = Field(default_factory=InternalActionPolicy)
     approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy)
-
-    def refusal(self, kind: str, name: str) -> str | None:
-        """Why this agent may not use the `kind` (action or feed source type) `name`, or None."""
-        if kind == "tool" and name not in self.tools:
-            return f"tool {name!r} is not available to agent {self.name!r} (it may use: " \
-                   f"{', '.join(self.tools) or 'no tools'})"
-        if kind == "agent" and name not in self.agents:
-            return f"agent {name!r} is not available to agent {self.name!r}"
-        if kind == "internal" and not self.internal_actions.permits(name):
-            return f"internal action {name!r} is not allowed for agent {self.name!r} (see its " \
-                   "manifest's internal_actions)"
-        if kind == "relic" and name.split(".", 1)[0] not in self.relics:
-            return f"relic {name!r} is not available to agent {self.name!r}"
-        if kind == "workflow" and name not in self.workflows:
-            return f"workflow {name!r} is not available to agent {self.name!r}"
-        return None

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from cortex_worker.actions.table import ACTION_TYPES
 from cortex_worker.manifests.loader import Registry
 from cortex_worker.protocol.variables import find_references, substitute
 from cortex_worker.settings import Settings
@@ -25,8 +26,7 @@ AWAITING = "awaiting_approval"
 
 def required(spec: Mapping[str, Any], registry: Registry) -> bool:
     """Whether this action waits for a person before it runs."""
-    tool = registry.tools.get(spec["name"]) if spec.get("type") == "tool" else None
-    if tool is not None and tool.require_approval:
+    if ACTION_TYPES[spec["type"]].approval(registry, spec["name"]):
         return True
     agent = registry.agents.get(spec.get("agent") or "")
     return agent is not None and agent.approval.requires(spec["name"])

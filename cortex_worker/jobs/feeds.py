@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cortex_worker.actions import dispatch
+from cortex_worker.actions.table import ACTION_TYPES
 from cortex_worker.agents.spec import FeedSpec
 from cortex_worker.errors import CortexError
 from cortex_worker.handles import get_job_ends, get_registry
@@ -127,21 +128,23 @@ def refusal(agent: str | None, feed: FeedSpec) -> str | None:
     manifest's own feeds are the operator's choice and are not checked; documents have no
     lists."""
     spec = get_registry().agents.get(agent) if agent else None
-    if spec is None or feed.source.type in ("internal", "llm"):
+    row = ACTION_TYPES[feed.source.type]
+    if spec is None or row.in_turn:  # computed here (the clock…): nothing a manifest lists
         return None
-    return spec.refusal(feed.source.type, feed.source.name)
+    return row.grant(spec, feed.source.name)
 
 
 def _source(store: Store, job_id: str, agent: str | None, feed: FeedSpec) -> Any:
     source = feed.source
-    if source.type == "internal":
+    row = ACTION_TYPES[source.type]
+    if row.in_turn:
         return _internal(store, job_id, source.name)
+    if row.child_job:
+        return _run_workflow(store, job_id, source.name, source.params)
     spec = {"id": f"feed:{feed.id}", "type": source.type, "name": source.name,
             "parameters": source.params, "agent": agent, "depth": 0}
-    if source.type == "llm":
+    if row.needs_model:
         spec["model"] = _model(store, job_id)
-    if source.type == "workflow":
-        return _run_workflow(store, job_id, source.name, source.params)
     return dispatch.invoke(spec, timeout=SOURCE_TIMEOUT_S, job_id=job_id)
 
 

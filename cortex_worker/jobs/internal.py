@@ -13,7 +13,7 @@ from typing import Any
 
 from cortex_worker.actions import dispatch
 from cortex_worker.actions.call import Call
-from cortex_worker.agents.spec import INTERNAL_ACTIONS
+from cortex_worker.actions.types.internal import INTERNAL_ACTIONS
 from cortex_worker.handles import get_store
 from cortex_worker.jobs import feeds
 from cortex_worker.store.state import Store

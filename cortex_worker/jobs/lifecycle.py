@@ -103,8 +103,8 @@ def submit_workflow(store: Store, name: str, inputs: Any, *, options: JobOptions
         message = f"no workflow named {name!r} (registered: {known})"
         raise SubmitError(message, [_problem("unknown_workflow", message)])
     if isinstance(inputs, dict):
-        inputs = wf.prepare_inputs(flow, inputs)
-    problems = wf.input_errors(flow, inputs)
+        inputs = flow.prepare_inputs(inputs)
+    problems = flow.input_errors(inputs)
     if problems:
         errors = [{**_problem("invalid_inputs", f"workflow {name!r}: {text}"), "path": path}
                   for path, text in problems]
@@ -244,7 +244,7 @@ def _inherited(job: JobRecord, action: Action) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if job.depth:
         extra["depth"] = job.depth
-    if action.type.value == "llm" and job.model:
+    if ACTION_TYPES[action.type.value].needs_model and job.model:
         extra["model"] = job.model
     return extra
 

@@ -67,6 +67,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from cortex_worker.actions.table import ACTION_TYPES
 from cortex_worker.errors import CortexError
 
 if TYPE_CHECKING:
@@ -87,13 +88,6 @@ __all__ = [
 
 FlavourName = Literal["gbnf", "lark", "ebnf", "structural_tag"]
 MODES = ("sync", "async", "fire_and_forget")
-AGENT_PARAMETERS: dict[str, Any] = {
-    "type": "object",
-    "properties": {"input": {"type": "string", "minLength": 1}},
-    "required": ["input"],
-    "additionalProperties": False,
-}
-"""What an agent action takes (prompt.py tells models the same)."""
 _FALLBACK_ANY = ("$ref", "allOf", "not", "if", "then", "else", "prefixItems",
                  "dependentSchemas")
 
@@ -523,29 +517,13 @@ class Target:
 
 
 def agent_targets(agent: AgentSpec, registry: Registry) -> list[Target]:
-    """What the agent may call, in manifest order: tools, agents, relic operations, workflows."""
+    """What the agent may call, type by type in the table's order, each in manifest order."""
     found: list[Target] = []
-    for name in agent.tools:
-        tool = registry.tools.get(name)
-        if tool is None:
-            raise GrammarError(f"agent {agent.name!r} lists tool {name!r}, which is not registered")
-        found.append(Target("tool", name, tool.parameters))
-    for name in agent.agents:
-        if name not in registry.agents:
-            raise GrammarError(f"agent {agent.name!r} lists agent {name!r}, which is not registered")
-        found.append(Target("agent", name, AGENT_PARAMETERS))
-    for name in agent.relics:
-        relic = registry.relics.get(name)
-        if relic is None:
-            raise GrammarError(f"agent {agent.name!r} lists relic {name!r}, which is not registered")
-        found += [Target("relic", f"{name}.{op}", spec.parameters)
-                  for op, spec in relic.operations.items()]
-    for name in agent.workflows:
-        flow = registry.workflows.get(name)
-        if flow is None:
-            raise GrammarError(
-                f"agent {agent.name!r} lists workflow {name!r}, which is not registered")
-        found.append(Target("workflow", name, flow.inputs))
+    for row in ACTION_TYPES.values():
+        try:
+            found += [Target(row.name, name, schema) for name, schema in row.callees(agent, registry)]
+        except LookupError as exc:
+            raise GrammarError(str(exc.args[0])) from None
     return found
 
 

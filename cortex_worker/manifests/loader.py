@@ -37,7 +37,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cortex_worker.agents.spec import INTERNAL_ACTIONS, AgentSpec
+from cortex_worker.actions.types.internal import INTERNAL_ACTIONS
+from cortex_worker.agents.spec import AgentSpec
 from cortex_worker.errors import CortexError
 from cortex_worker.services.mcp.spec import (
     MCPServerSpec,

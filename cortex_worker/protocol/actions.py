@@ -8,18 +8,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from cortex_worker.actions.table import ACTION_TYPES, TARGET_KEYS
 from cortex_worker.errors import CortexError
 
-NAME_ALIASES = ("name", "tool", "agent", "relic", "workflow")
+NAME_ALIASES = ("name", *TARGET_KEYS)
+"""The body keys that may name an action's target."""
 
-
-class ActionType(StrEnum):
-    tool = "tool"
-    llm = "llm"
-    agent = "agent"
-    relic = "relic"
-    workflow = "workflow"
-    internal = "internal"
+ActionType = StrEnum("ActionType", {name: name for name in ACTION_TYPES})
+"""The action types: the rows of `actions.table`."""
 
 
 class ActionMode(StrEnum):

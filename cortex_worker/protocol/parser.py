@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from cortex_worker.protocol.actions import ActionError, build_action
+from cortex_worker.protocol.actions import NAME_ALIASES, ActionError, build_action
 from cortex_worker.protocol.lenient_json import JSONBodyError, loads
 
 # Parse event types.
@@ -58,7 +58,7 @@ _PREFIXES = {ctx: frozenset(n[:k] for n in names for k in range(1, len(n) + 1))
 _ATTR = re.compile(
     r"""([A-Za-z_][\w\-:.]*)\s*(?:=\s*("[^"]*"|'[^']*'|\[[^\]]*\]|[^\s"'>\[]+))?""")
 _ACTION_ATTRS = frozenset({"type", "mode", "id", "depends_on", "timeout", "retry", "output_key",
-                           "on_error", "name", "tool", "agent", "relic", "workflow"})
+                           "on_error", *NAME_ALIASES})
 _TRUE = {"true", "1", "yes", ""}
 _FALSE = {"false", "0", "no"}
 _SLUG = re.compile(r"[^A-Za-z0-9_]+")
@@ -420,7 +420,7 @@ class StreamParser:
 
     def _next_id(self, attrs: dict[str, str], body: dict[str, Any]) -> str:
         """A generated id for an action without one: `<name>-<n>`, never a valid `$name`."""
-        name = next((str(v) for k in ("name", "tool", "agent", "relic", "workflow")
+        name = next((str(v) for k in NAME_ALIASES
                      for v in (body.get(k), attrs.get(k)) if v), "action")
         base = _SLUG.sub("_", name).strip("_") or "action"
         number = self._action_number

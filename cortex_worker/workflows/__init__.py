@@ -2,7 +2,7 @@
 
 `spec` holds the manifest model and its checks of one manifest alone, `link` checks the steps
 against every manifest loaded (through the action-type table), `output` renders a run's result,
-`runner` runs `type="workflow"` actions as child jobs. `link` is not imported here: it sits
+`action` runs `type="workflow"` actions as child jobs. `link` is not imported here: it sits
 above the action-type table, which imports `spec` (and so this package). Submitting and finishing a run live with
 the other jobs in `cortex_worker.jobs.lifecycle`; what differs is `kinds.WorkflowKind`.
 """
@@ -13,8 +13,6 @@ from cortex_worker.workflows.spec import (
     WorkflowSpec,
     WorkflowStep,
     check_workflow,
-    input_errors,
-    prepare_inputs,
     workflow_plan,
 )
 
@@ -24,9 +22,7 @@ __all__ = [
     "WorkflowStep",
     "check_workflow",
     "failure_message",
-    "input_errors",
     "output_names",
-    "prepare_inputs",
     "render_output",
     "workflow_plan",
 ]

@@ -21,6 +21,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError as SchemaValidationError
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from cortex_worker.actions.table import ACTION_TYPES, WORKFLOW_STEPS
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.plan.dag import Plan, build_plan
 from cortex_worker.protocol.actions import Action, ActionError, build_action, parse_depends_on
@@ -32,8 +33,6 @@ __all__ = [
     "WorkflowSpec",
     "WorkflowStep",
     "check_workflow",
-    "input_errors",
-    "prepare_inputs",
     "step_label",
     "workflow_plan",
 ]
@@ -42,7 +41,8 @@ INPUTS = "inputs"
 """The variable that holds a run's inputs object (`$inputs.field`)."""
 
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$", re.ASCII)
-StepType = Literal["tool", "llm", "agent", "relic", "workflow"]
+StepType = Literal[WORKFLOW_STEPS]
+"""The action types a step may be (`actions.table`)."""
 
 
 class WorkflowStep(BaseModel):
@@ -121,6 +121,22 @@ class WorkflowSpec(BaseModel):
                 self.inputs, format_checker=Draft202012Validator.FORMAT_CHECKER)
         return self._validator
 
+    def input_errors(self, inputs: Any) -> list[tuple[str, str]]:
+        """Every problem of an inputs object as (path, message), e.g. ("inputs.x", "inputs.x: ...")."""
+        if not isinstance(inputs, Mapping):
+            return [(INPUTS, f"{INPUTS}: must be an object, got {type(inputs).__name__}")]
+        errors = sorted(self.validator.iter_errors(dict(inputs)),
+                        key=lambda e: [str(p) for p in e.absolute_path])
+        return [(_where(e), f"{_where(e)}: {e.message}") for e in errors]
+
+    def prepare_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """The inputs with the schema's top-level `default`s filled in for absent properties."""
+        out = dict(inputs)
+        for key, prop in (self.inputs.get("properties") or {}).items():
+            if key not in out and isinstance(prop, Mapping) and "default" in prop:
+                out[key] = prop["default"]
+        return out
+
     @property
     def last_step(self) -> str:
         """The id of the last step declared: its value is the default output."""
@@ -156,24 +172,6 @@ def _where(error: SchemaValidationError) -> str:
     for part in error.absolute_path:
         text += f"[{part}]" if isinstance(part, int) else f".{part}"
     return text
-
-
-def input_errors(spec: WorkflowSpec, inputs: Any) -> list[tuple[str, str]]:
-    """Every problem of an inputs object as (path, message), e.g. ("inputs.x", "inputs.x: ...")."""
-    if not isinstance(inputs, Mapping):
-        return [(INPUTS, f"{INPUTS}: must be an object, got {type(inputs).__name__}")]
-    errors = sorted(spec.validator.iter_errors(dict(inputs)),
-                    key=lambda e: [str(p) for p in e.absolute_path])
-    return [(_where(e), f"{_where(e)}: {e.message}") for e in errors]
-
-
-def prepare_inputs(spec: WorkflowSpec, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """The inputs with the schema's top-level `default`s filled in for absent properties."""
-    out = dict(inputs)
-    for key, prop in (spec.inputs.get("properties") or {}).items():
-        if key not in out and isinstance(prop, Mapping) and "default" in prop:
-            out[key] = prop["default"]
-    return out
 
 
 # -- checks -----------------------------------------------------------------------------
@@ -242,7 +240,7 @@ def check_workflow(spec: WorkflowSpec) -> str | None:
                                     producers, allowed_inputs, steps)
         if problem:
             return problem
-        if step.type == "llm" and spec.model is None:
+        if ACTION_TYPES[step.type].needs_model and spec.model is None:
             return (f"{step_label(index, step)}: llm steps run on the workflow's model; give the "
                     "workflow a `model`")
     problem = _check_references(spec.output, "output", producers, allowed_inputs, steps)

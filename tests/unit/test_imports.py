@@ -235,8 +235,8 @@ def test_the_graph_sees_imports_in_functions_and_relative_forms() -> None:
     graph = import_graph()
     tools_runtime = {(e.target, e.runs) for e in graph["cortex_worker.tools.runtime"]}
     assert ("cortex_worker.sandbox.docker", True) in tools_runtime  # inside `_docker`
-    agents = {e.target for e in graph["cortex_worker.agents"]}
-    assert {"cortex_worker.agents.prompt", "cortex_worker.agents.spec"} <= agents
+    workflows = {e.target for e in graph["cortex_worker.workflows"]}
+    assert {"cortex_worker.workflows.output", "cortex_worker.workflows.spec"} <= workflows
     assert "cortex_api.app" in {e.target for e in graph["cortex_api"]}  # in `__getattr__`
 
 

@@ -34,8 +34,6 @@ from cortex_worker.workflows import (
     WorkflowStep,
     check_workflow,
     failure_message,
-    input_errors,
-    prepare_inputs,
     render_output,
 )
 from tests.manifest_helpers import (
@@ -492,21 +490,21 @@ def test_input_errors_are_precise() -> None:
         "type": "object", "required": ["x"], "additionalProperties": False,
         "properties": {"x": {"type": "integer"}, "tags": {"type": "array",
                                                           "items": {"type": "string"}}}})
-    assert input_errors(spec, {"x": 1}) == []
-    assert input_errors(spec, {"x": "1"}) == [("inputs.x", "inputs.x: '1' is not of type 'integer'")]
-    assert input_errors(spec, {"x": 1, "tags": ["a", 2]}) == [
+    assert spec.input_errors({"x": 1}) == []
+    assert spec.input_errors({"x": "1"}) == [("inputs.x", "inputs.x: '1' is not of type 'integer'")]
+    assert spec.input_errors({"x": 1, "tags": ["a", 2]}) == [
         ("inputs.tags[1]", "inputs.tags[1]: 2 is not of type 'string'")]
-    assert [m for _, m in input_errors(spec, {"y": 1})] == [
+    assert [m for _, m in spec.input_errors({"y": 1})] == [
         "inputs: 'x' is a required property",
         "inputs: Additional properties are not allowed ('y' was unexpected)"]
-    assert input_errors(spec, [1]) == [("inputs", "inputs: must be an object, got list")]
+    assert spec.input_errors([1]) == [("inputs", "inputs: must be an object, got list")]
 
 
 def test_prepare_inputs_fills_top_level_defaults() -> None:
     spec = flow([echo("a")], inputs={"type": "object", "properties": {
         "x": {"type": "integer"}, "label": {"type": "string", "default": "sum"}}})
-    assert prepare_inputs(spec, {"x": 1}) == {"x": 1, "label": "sum"}
-    assert prepare_inputs(spec, {"x": 1, "label": "L"}) == {"x": 1, "label": "L"}
+    assert spec.prepare_inputs({"x": 1}) == {"x": 1, "label": "sum"}
+    assert spec.prepare_inputs({"x": 1, "label": "L"}) == {"x": 1, "label": "L"}
 
 
 def test_output_defaults_to_the_last_step() -> None:

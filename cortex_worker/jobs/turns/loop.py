@@ -24,6 +24,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from cortex_worker.actions import dispatch, executor
+from cortex_worker.actions.table import ACTION_TYPES
 from cortex_worker.agents.prompt import (
     PROTOCOL_REMINDER,
     build_system_prompt,
@@ -614,11 +615,12 @@ def _start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPl
     deps, after = list(placed.depends_on), list(placed.after)
     spec = action.model_dump(mode="json")
     spec.update(depends_on=deps, after=after, depth=depth, agent=agent.name)
-    if action.type.value == "llm":
+    row = ACTION_TYPES[action.type.value]
+    if row.needs_model:
         spec["model"] = model.model_dump(mode="json")  # the job's model (option `model`)
     entry = {"id": action.id, "spec": dumps(spec), "deps": deps, "after": after,
              "on_error": action.on_error.value, "awaited": action.mode.value != "fire_and_forget"}
-    refusal = agent.refusal(action.type.value, action.name)  # nesting: jobs.submit_child
+    refusal = row.grant(agent, action.name)  # nesting: jobs.lifecycle.submit_child
     if placed.self_loop:  # as a document says it: it could never run
         refusal = f"dependency cycle: {action.id} -> {action.id}"
     if refusal is not None:  # registered (dependents may wait on it), never queued
@@ -639,7 +641,7 @@ def _start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPl
     if refusal is not None:
         executor.record_outcome(store, job_id, action.id, spec, "error", None, refusal)
         return True
-    if ready and action.type.value == "internal":  # runs here, in the coordinator
+    if ready and row.in_turn:  # runs here, in the coordinator
         executor.execute(job_id, action.id, spec, trigger=True)
     elif ready:
         dispatch.send(job_id, [spec])
