@@ -195,7 +195,7 @@ def _request_body(config: ModelConfig, messages: list[dict[str, Any]],
 def _headers(config: ModelConfig) -> dict[str, str]:
     headers = {"accept": "text/event-stream", "content-type": "application/json",
                "anthropic-version": API_VERSION}
-    key = config.api_key()
+    key = transport.model_key(config)
     if key:
         headers["x-api-key"] = key
     return headers

@@ -86,4 +86,14 @@ class ModelConfig(BaseModel):
         return self.model_copy(update={"model": model}) if model else self
 
     def api_key(self) -> str | None:
-        return os.environ.get(self.api_key_env) if self.api_key_env else None
+        """The key in the variable `api_key_env` names (None: it names none). A named variable
+        unset or empty is an error: without it the endpoint refuses the request or, when out
+        of reach, is tried again and again, and neither says the key is missing."""
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ValueError(f"the model's API key is missing: environment variable "
+                             f"{self.api_key_env} (api_key_env) is not set; set it, or set "
+                             "api_key_env: null for an endpoint that needs no key")
+        return key

@@ -67,7 +67,7 @@ def _request_body(config: ModelConfig, messages: list[dict[str, Any]],
 
 def _headers(config: ModelConfig) -> dict[str, str]:
     headers = {"Accept": "text/event-stream", "Content-Type": "application/json"}
-    key = config.api_key()
+    key = transport.model_key(config)
     if key:
         headers["Authorization"] = f"Bearer {key}"
     return headers

@@ -94,6 +94,14 @@ def model_url(config: ModelConfig, path: str) -> str:
         raise ModelError(str(exc)) from None
 
 
+def model_key(config: ModelConfig) -> str | None:
+    """The API key (`config.api_key`); a missing one is a final ModelError, never retried."""
+    try:
+        return config.api_key()
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
+
+
 # -- errors --------------------------------------------------------------------------------
 def server_message(response: httpx.Response) -> str:
     """The `error.message` of an error body (OpenAI's and Anthropic's shape alike), else the

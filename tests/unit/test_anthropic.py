@@ -451,12 +451,25 @@ def test_a_400_is_not_retried_and_carries_the_apis_message(api: FakeAnthropic, m
     assert len(api.requests(model)) == 1
 
 
-def test_a_401_says_which_key_to_fix(api: FakeAnthropic, model: str) -> None:
+def test_a_401_says_which_key_to_fix(api: FakeAnthropic, model: str,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
     api.script(model, [Turn(fail_status=401, error_message="invalid x-api-key")])
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-wrong")
     cfg = ModelConfig(provider="anthropic", base_url=api.url, model=model)
     error = failure(stream_messages(cfg, MESSAGES))
     assert not error.retryable and "invalid x-api-key" in str(error)
     assert "ANTHROPIC_API_KEY" in str(error)
+
+
+def test_a_missing_key_fails_at_once_naming_its_variable(
+        api: FakeAnthropic, model: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    api.script(model, [Turn(text="never")])
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    cfg = ModelConfig(provider="anthropic", base_url=api.url, model=model)  # its default name
+    error = failure(stream_messages(cfg, MESSAGES))
+    assert (error.retryable, error.status, error.attempts) == (False, None, 1)
+    assert "environment variable ANTHROPIC_API_KEY (api_key_env) is not set" in str(error)
+    assert api.requests(model) == []
 
 
 def test_a_drop_after_output_is_raised_retryable_with_what_was_streamed(

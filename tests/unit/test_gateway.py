@@ -395,11 +395,32 @@ def test_a_400_is_not_retried_and_carries_the_servers_message(llm: FakeLLM, mode
     assert len(llm.requests(model)) == 1
 
 
-def test_a_401_says_which_key_to_fix(llm: FakeLLM, model: str) -> None:
+def test_a_401_says_which_key_to_fix(llm: FakeLLM, model: str,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
     llm.script(model, [Turn(fail_status=401, error_message="Incorrect API key provided")])
-    cfg = ModelConfig(base_url=llm.url, model=model, api_key_env="CORTEX_TEST_UNSET_KEY")
+    monkeypatch.setenv("CORTEX_TEST_WRONG_KEY", "sk-wrong")
+    cfg = ModelConfig(base_url=llm.url, model=model, api_key_env="CORTEX_TEST_WRONG_KEY")
     error = failure(gateway.stream_chat(cfg, MESSAGES))
-    assert not error.retryable and "CORTEX_TEST_UNSET_KEY" in str(error)
+    assert not error.retryable and error.status == 401
+    assert "check the API key in the environment variable CORTEX_TEST_WRONG_KEY" in str(error)
+
+
+@pytest.mark.parametrize("value", [None, ""], ids=["unset", "empty"])
+def test_a_missing_key_fails_at_once_naming_its_variable(
+        llm: FakeLLM, model: str, monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
+    """Not four attempts at an endpoint that will refuse (or cannot be reached): no request."""
+    llm.script(model, [Turn(text="never")])
+    if value is None:
+        monkeypatch.delenv("CORTEX_TEST_UNSET_KEY", raising=False)
+    else:
+        monkeypatch.setenv("CORTEX_TEST_UNSET_KEY", value)
+    cfg = ModelConfig(base_url=llm.url, model=model, api_key_env="CORTEX_TEST_UNSET_KEY")
+    error = failure(gateway.open_stream(cfg, MESSAGES))
+    assert (error.retryable, error.status, error.attempts) == (False, None, 1)
+    assert str(error) == ("the model's API key is missing: environment variable "
+                          "CORTEX_TEST_UNSET_KEY (api_key_env) is not set; set it, or set "
+                          "api_key_env: null for an endpoint that needs no key")
+    assert llm.requests(model) == [] and llm.remaining(model) == 1
 
 
 def test_a_drop_after_text_is_raised_not_retried(llm: FakeLLM, model: str) -> None:
