@@ -7,6 +7,10 @@ from contextlib import asynccontextmanager
 from importlib import metadata
 
 from fastapi import Depends, FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+from swagger_ui_bundle import swagger_ui_path
 
 from cortex_api.auth import KeyRing, metrics_guard
 from cortex_api.errors import install_handlers
@@ -49,8 +53,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             store.redis.close()
 
     app = FastAPI(title="Cortex", version=_version(), lifespan=lifespan,
+                  docs_url=None, redoc_url=None,  # FastAPI's load their scripts from a CDN
                   description="A distributed runtime for LLM agents: submit protocol documents "
                               "as jobs, follow their events, cancel them.")
+    _serve_docs(app)
     app.state.settings = settings
     app.state.keyring = KeyRing.from_settings(settings)  # sha256 digests only; see auth.py
     app.add_middleware(BodyLimitMiddleware, max_bytes=body_limit(settings))
@@ -63,3 +69,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(metrics.router, dependencies=[Depends(metrics_guard)])  # metrics_public
     app.include_router(page.router)
     return app
+
+
+DOCS_ASSETS = "/docs/assets"
+
+
+def _serve_docs(app: FastAPI) -> None:
+    """`/docs`: Swagger UI from its files in the `swagger-ui-bundle-v2` package, served here,
+    so that the page works offline and behind a firewall."""
+    app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_path), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json", title=f"{app.title} API",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+            # no badge fetched from the online validator (validator.swagger.io)
+            swagger_ui_parameters={"validatorUrl": None})
