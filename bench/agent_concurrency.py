@@ -341,7 +341,7 @@ def token_cost(stack: Stack, tokens: int = 10_000) -> dict[str, float]:
     with each chunk: read it from the model stream (the gateway: httpx, SSE, JSON), also feed
     the parser, also log its chunks as the coordinator does (a `ChunkWriter`, flushed here in
     this thread every FLUSH_S, so that its CPU is counted). Best of 3."""
-    from cortex_worker.jobs.turns.loop import CHUNK_EVENTS, FLUSH_S, _coalesce
+    from cortex_worker.jobs.turns.reading import CHUNK_EVENTS, FLUSH_S, _coalesce
     from cortex_worker.llm.config import ModelConfig
     from cortex_worker.llm.gateway import open_stream
     from cortex_worker.llm.stream import TextDelta

@@ -6,7 +6,7 @@ publishes the id of a job that drained on the channel of the process whose turn 
 (`wake_channel`). One thread per process listens to both and sets the events of each job a
 turn here is watching; the turn tests them at every piece of the model's stream (no Redis call
 per token). Pub/sub is fire-and-forget: while the listener is reconnecting a message can be
-missed, so turns still look at the job's status now and then (`coordinator.STATUS_CHECK_S`),
+missed, so turns still look at the job's status now and then (`jobs.turns.reading.STATUS_CHECK_S`),
 and a waiting turn asks whether the drain came when it stops waiting (`Store.unwait`).
 """
 

@@ -19,7 +19,7 @@ publisher and the service pools start on first use too; their steps stop them.
 from __future__ import annotations
 
 from cortex_worker.handles import get_store
-from cortex_worker.jobs.turns import loop as coordinator
+from cortex_worker.jobs.turns import waiting
 from cortex_worker.observability import task_events, tracing
 from cortex_worker.recovery import reconciler
 from cortex_worker.recovery.liveness import Heartbeat
@@ -87,10 +87,10 @@ class TurnWaits(Step):
 
     def start(self, ctx: ProcessContext) -> None:
         if ctx.role == "main" and ctx.threaded and "agent" in ctx.queues:
-            coordinator.wait_in_place(ctx.concurrency)
+            waiting.wait_in_place(ctx.concurrency)
 
     def shutting_down(self, ctx: ProcessContext) -> None:
-        coordinator.stop_waiting()
+        waiting.stop_waiting()
 
 
 class Services(Step):

@@ -21,6 +21,7 @@ from cortex_worker.actions import dispatch
 from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.jobs.options import JobOptions
 from cortex_worker.jobs.turns import loop as coordinator
+from cortex_worker.jobs.turns import waiting
 from cortex_worker.store import keys
 from cortex_worker.store.keys import JOBS_INDEX
 from cortex_worker.store.state import SessionBusy, SessionTurn, Store, TurnStart
@@ -118,7 +119,7 @@ def test_a_final_turn_ends_the_job_in_three_redis_round_trips(
     need), and the end itself, which logs the last turn's close with it. (It took five: the
     chunks were logged first, and the end read the record again.)"""
     trips = RoundTrips(store, monkeypatch)
-    trips.start_at(coordinator, "_fail_unseen_dependencies")  # just after the stream ended
+    trips.start_at(coordinator, "fail_unseen_dependencies")  # just after the stream ended
     at_close = trips.seen_at(store, "close", after=True)
     for _ in range(2):  # the first job also loads the scripts into Redis, once
         model = f"engine-{uuid.uuid4().hex[:8]}"
@@ -389,7 +390,7 @@ def test_callers_racing_for_a_session_start_one_job(store: Store, broker: StubBr
 def _coordinate_in_place(store: Store, broker: StubBroker, job_id: str) -> threading.Thread:
     """Run the job's turns in a thread, as a threaded agent worker does (each turn waits in
     place for its actions), and its actions here, until the job ends."""
-    coordinator.wait_in_place(4)
+    waiting.wait_in_place(4)
     try:
         coordinating = threading.Thread(target=coordinator.run_turns, args=(store, job_id))
         coordinating.start()
@@ -401,7 +402,7 @@ def _coordinate_in_place(store: Store, broker: StubBroker, job_id: str) -> threa
             time.sleep(0.01)
         broker.join()
     finally:
-        coordinator.wait_in_place(0)
+        waiting.wait_in_place(0)
     return coordinating
 
 

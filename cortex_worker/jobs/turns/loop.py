@@ -5,26 +5,21 @@ and registers and dispatches each action the moment its `</action>` closes. A sy
 the generation. The turn then closes its plan. The last of the turn's awaited actions to finish
 sends the next turn (see `jobs.on_drained`), whose prompt carries their `<result>` blocks.
 
-While the actions run, the turn's thread waits in place for them (`turn_wait_s`, in at most
-half of an agent worker's threads): the drain is then published to this process instead of
-sent as a task, and the next turn starts without a trip through the queue. A turn that cannot
-wait, or has waited long enough, returns and leaves its thread free.
+While the actions run, the turn's thread waits in place for them (`waiting`): the drain is
+then published to this process instead of sent as a task. A turn that cannot wait, or has
+waited long enough, returns and leaves its thread free. `reading` turns one generation's
+stream into logged chunks and dispatched actions; this module runs the turns around it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import threading
 import time
-from dataclasses import dataclass, field
-from functools import cache
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from cortex_worker.actions import dispatch, executor
-from cortex_worker.actions.table import ACTION_TYPES
+from cortex_worker.actions import dispatch
 from cortex_worker.agents.prompt import (
     PROTOCOL_REMINDER,
     build_system_prompt,
@@ -42,26 +37,30 @@ from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.jobs.ends import Watch
 from cortex_worker.jobs.kinds import KINDS, render_responses
 from cortex_worker.jobs.record import JobRecord
+from cortex_worker.jobs.turns.reading import (
+    Reading,
+    Turn,
+    chunk_writer,
+    estimate_usage,
+    fail_unseen_dependencies,
+    flush,
+    handle,
+)
+from cortex_worker.jobs.turns.waiting import WaitSlot, waited
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.gateway import open_stream
 from cortex_worker.llm.grammar import Grammar, build_grammar
 from cortex_worker.llm.stream import (
     ModelError,
-    Piece,
-    ToolCall,
-    Usage,
     protocol_id,
-    tool_call_to_protocol,
 )
 from cortex_worker.observability import tracing
 from cortex_worker.plan.stream import StreamPlanner
 from cortex_worker.protocol import parser as p
-from cortex_worker.protocol.actions import Action
 from cortex_worker.protocol.events import EventType
 from cortex_worker.recovery.liveness import is_dead
 from cortex_worker.recovery.owners import owner
 from cortex_worker.settings import get_settings
-from cortex_worker.store.chunk_writer import ChunkWriter
 from cortex_worker.store.state import Resumed, Store, TurnInputs, TurnStart, dumps
 
 log = logging.getLogger(__name__)
@@ -70,71 +69,9 @@ Closing = tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]
 """The last turn's closing events and the record's fields to write with them."""
 
 MAX_REMINDERS = 3
-STATUS_CHECK_S = 5.0  # how often a streaming turn looks at its job's status and renews its lease
-#                      (a backstop: job_ends pushes ends; the wall time is checked at every token)
 TURN_RESTARTS = 1  # times a turn is generated again after its stream broke mid-output
-FLUSH_S = 0.05  # the most a thought or response chunk waits before it is logged
 TURN_LEASE_S = 30.0  # a turn whose owner has not renewed it this long may be taken over
 RESULT_CHARS = 4000
-CHUNK_EVENTS = {p.TEXT, p.THOUGHT_CHUNK, p.RESPONSE_CHUNK, p.THOUGHT_END, p.CONTEXT_FEED,
-                p.WARNING, p.PROTOCOL_ERROR}
-
-
-WAIT_SLICE_S = 0.5  # a waiting turn looks this often whether its worker is shutting down
-
-_wait_slots: threading.Semaphore | None = None
-_shutting_down = threading.Event()
-
-
-def wait_in_place(threads: int) -> None:
-    """Let up to half of this agent worker's `threads` hold a turn that waits for its actions
-    (called as a threaded worker starts: a turn run inline, by the stub broker or eagerly, or
-    in a one-thread process, never waits)."""
-    global _wait_slots
-    _wait_slots = threading.Semaphore(threads // 2) if threads >= 2 else None
-    _shutting_down.clear()
-
-
-def stop_waiting() -> None:
-    """The worker is shutting down: waiting turns stop waiting within WAIT_SLICE_S."""
-    _shutting_down.set()
-
-
-class _WaitSlot:
-    """A turn's claim on one of the process's wait slots, taken as the turn ends (so the
-    slots count turns that wait, not turns that stream) and given back when it left."""
-
-    def __init__(self) -> None:
-        self.waiter = ""  # this process's owner name while the slot is held
-        self._held: threading.Semaphore | None = None
-
-    def take(self) -> str:
-        """This process's owner name if the turn may wait in place for its actions, else ''."""
-        slots = _wait_slots
-        if (self._held is None and slots is not None and not _shutting_down.is_set()
-                and get_settings().turn_wait_s > 0 and slots.acquire(blocking=False)):
-            self._held, self.waiter = slots, owner()
-        return self.waiter
-
-    def __enter__(self) -> _WaitSlot:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self._held is not None:
-            self._held.release()
-            self._held, self.waiter = None, ""
-
-
-def _waited(store: Store, job_id: str, pushed: Watch, waiter: str) -> bool:
-    """Wait for the job's drain to be pushed here; True if this thread takes the next turn."""
-    deadline = time.monotonic() + get_settings().turn_wait_s
-    while not _shutting_down.is_set():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        if pushed.drained.wait(min(left, WAIT_SLICE_S)):
-            return True  # drained (or ended: `resume` then finds no turn due)
-    return store.unwait(job_id, waiter)
 
 
 def _resume(store: Store, job_id: str, start: TurnStart | None = None) -> Resumed | None:
@@ -157,7 +94,7 @@ def run_turns(store: Store, job_id: str) -> None:
     A redelivered turn task (its coordinator was killed mid-turn) takes the turn over: it
     generates the turn again from the same prompt and planner state, skipping what the dead
     coordinator had already done (`turn_phase`), and never dispatching an action again that
-    was already registered (see `_start_action`)."""
+    was already registered (see `start_action`)."""
     start: TurnStart | None = FIRST_TURN  # how the next turn starts, when this thread knows it
     while True:
         resumed, start = _resume(store, job_id, start), None
@@ -184,7 +121,7 @@ def run_turns(store: Store, job_id: str) -> None:
                 if closed is None:
                     return
                 closing = closed
-            with get_job_ends().watch(job_id) as pushed, _WaitSlot() as slot:
+            with get_job_ends().watch(job_id) as pushed, WaitSlot() as slot:
                 if phase == "generated":  # it died before it closed the turn's plan
                     drained = store.register(job_id, [], close=True).drained
                 else:
@@ -196,7 +133,7 @@ def run_turns(store: Store, job_id: str) -> None:
                     if turn_state is None:
                         return
                     drained = turn_state.drained
-                if not drained and not (slot.waiter and _waited(store, job_id, pushed, slot.waiter)):
+                if not drained and not (slot.waiter and waited(store, job_id, pushed, slot.waiter)):
                     return  # the last awaited action to finish sends the next turn
                 if phase != "generated":
                     start = _known_start(job, agent, turn, turn_state)
@@ -225,7 +162,7 @@ FIRST_TURN = TurnStart(1, closing=[], fields={"pending_responses": [], "result":
 `job_started` with it."""
 
 
-def _known_start(job: JobRecord, agent: AgentSpec, turn: int, state: _Turn) -> TurnStart | None:
+def _known_start(job: JobRecord, agent: AgentSpec, turn: int, state: Turn) -> TurnStart | None:
     """How the next turn starts, if this thread knows without reading anything: the turn it
     just ended left no responses to render and no final response, and no limit stops the
     job (as `_close_previous_turn` would find). `resume` checks the record agrees."""
@@ -270,26 +207,6 @@ def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: Agent
         end_job(store, job_id, "failed", error=error, turns=ran, closing=(events, fields),
                 job=job)
     return None
-
-
-@dataclass
-class _Turn:
-    """What one generation produced."""
-
-    actions: int = 0
-    final: bool = False
-    errors: list[dict[str, Any]] = field(default_factory=list)
-    responses: list[dict[str, Any]] = field(default_factory=list)
-    stopped_at: int | None = None  # offset just past a sync action's </action>
-    limit: str | None = None  # a limit the turn hit; the job ends with it
-    ended: bool = False  # the job ended (cancelled, or its wall time ran out) mid-generation
-    batch: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    tagged: bool = False  # the model wrote protocol (a tag, or a malformed one)
-    plain: list[str] = field(default_factory=list)  # text outside any tag
-    native: list[tuple[ToolCall, str]] = field(default_factory=list)  # (call, its protocol text)
-    drained: bool = False  # once it ended: nothing is left to wait for, the next turn is due
-    retaken: bool = False  # the turn was taken over: its dead coordinator may have registered
-    #                        some of its actions already
 
 
 def _stop_reason(store: Store, job_id: str, agent: AgentSpec, job: JobRecord,
@@ -350,55 +267,9 @@ def _tool_content(result: dict[str, Any] | None, limit: int) -> str:
     return body if result["status"] == "ok" else f"{result['status']}: {body}"
 
 
-class _Reading:
-    """One generation's stream through the parser. `take` runs in the process's stream
-    reader thread (`llm/reader.py`), one piece at a time: it logs text as chunks and hands the
-    turn's thread only what needs it (an action to register, a look at the job's status), so
-    that thread does not wake for every token."""
-
-    def __init__(self, store: Store, job_id: str, job: JobRecord, agent: AgentSpec,
-                 planner: StreamPlanner, depth: int, model: ModelConfig, names: dict[str, str],
-                 job_ended: threading.Event, retaken: bool) -> None:
-        self.store, self.job_id, self.agent, self.planner = store, job_id, agent, planner
-        self.depth, self.model, self.names, self.job_ended = depth, model, names, job_ended
-        self.state = _Turn(retaken=retaken)
-        self.parser = p.StreamParser(known_ids=set(planner.ids),
-                                     first_action_number=len(planner.ids) + 1)
-        self.text: list[str] = []
-        self.usage: Usage | None = None
-        self.deltas = 0
-        self.wall_ends = job.begun_at + agent.max_wall_time_s  # time.time()
-        self.check_at = 0.0
-        self.next_check()
-
-    def next_check(self) -> None:
-        """When the turn's thread next looks at the job: in STATUS_CHECK_S, or when its wall
-        time runs out if that is sooner."""
-        now = time.monotonic()
-        self.check_at = now + min(STATUS_CHECK_S, self.wall_ends - time.time())
-
-    def take(self, piece: Piece) -> list[p.ParseEvent] | None:
-        if self.job_ended.is_set():  # cancelled, or ended elsewhere: stop at once
-            return []
-        if isinstance(piece, Usage):
-            self.usage = piece
-            return None
-        self.deltas += 1
-        if isinstance(piece, ToolCall):
-            chunk = tool_call_to_protocol(dataclasses.replace(  # its tool's own name
-                piece, name=self.names.get(piece.name, piece.name)))
-            self.state.native.append((piece, chunk))  # as the model wrote it
-        else:
-            chunk = piece.text
-        self.text.append(chunk)
-        rest = _handle(self.store, self.job_id, self.agent, self.planner,
-                       self.parser.feed(chunk), self.state, self.depth, self.model, here=False)
-        return [] if rest is None and time.monotonic() >= self.check_at else rest
-
-
 def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
-              finished: list[str], closing: Closing, pushed: Watch, slot: _WaitSlot,
-              restarted: bool = False, inputs: TurnInputs | None = None) -> _Turn | None:
+              finished: list[str], closing: Closing, pushed: Watch, slot: WaitSlot,
+              restarted: bool = False, inputs: TurnInputs | None = None) -> Turn | None:
     """Generate one turn; `inputs`: its start, if `resume` made it already (`TurnStart`)."""
     if inputs is None:
         begin: list[tuple[str, dict[str, Any]]] = []
@@ -418,7 +289,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     grammar = _grammar(agent, model)
     depth = job.depth
     for restart in range(TURN_RESTARTS + 1):
-        reading = _Reading(store, job_id, job, agent, planner, depth, model, names, pushed.ended,
+        reading = Reading(store, job_id, job, agent, planner, depth, model, names, pushed.ended,
                            retaken=restarted)
         state = reading.state
         # ended before the stream opened? (just seen not to have, if this turn began now)
@@ -437,14 +308,14 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
                     if _stop_reason(store, job_id, agent, job, renew=True):
                         state.ended = True
                         break
-                _handle(store, job_id, agent, planner, events, state, depth, model)
+                handle(store, job_id, agent, planner, events, state, depth, model)
                 if state.stopped_at is not None or state.ended:
                     break
         except ModelError as exc:
             # A failure before the first piece was retried by the gateway (max_retries);
             # a stream that broke after output arrived restarts the turn, TURN_RESTARTS times.
             if reading.deltas and exc.retryable and state.actions == 0 and restart < TURN_RESTARTS:
-                _flush(store, job_id, state)
+                flush(store, job_id, state)
                 store.emit(job_id, [(EventType.warning, {
                     "kind": "model_retry",
                     "message": f"the model stream broke ({exc}); turn restarted"})], live=True)
@@ -460,7 +331,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
         break
     parser, text, usage, deltas = reading.parser, reading.text, reading.usage, reading.deltas
     if state.ended:
-        _flush(store, job_id, state)
+        flush(store, job_id, state)
         reason = _stop_reason(store, job_id, agent, job)
         if reason and reason != "ended":
             end_job(store, job_id, "failed", error=reason, turns=turn)
@@ -468,12 +339,12 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     tail = parser.close()
     if state.stopped_at is not None:  # we cut the stream: open blocks are not the model's fault
         tail = [e for e in tail if not (e.type == p.PROTOCOL_ERROR and e.data["kind"] == "unclosed_block")]
-    _handle(store, job_id, agent, planner, tail, state, depth, model)
+    handle(store, job_id, agent, planner, tail, state, depth, model)
     if state.ended:
         return None
-    _fail_unseen_dependencies(store, job_id, planner, state)
+    fail_unseen_dependencies(store, job_id, planner, state)
     if state.limit is not None:
-        _flush(store, job_id, state)
+        flush(store, job_id, state)
         end_job(store, job_id, "failed", error=state.limit, turns=turn)
         return None
 
@@ -515,7 +386,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
         events.append((EventType.usage, {"turn": turn, "prompt_tokens": usage.prompt_tokens,
                                  "completion_tokens": usage.completion_tokens,
                                  **({"estimated": True} if estimated else {})}))
-    with _chunk_writer(store).taken(job_id, state.batch) as chunks:  # logged with the end
+    with chunk_writer(store).taken(job_id, state.batch) as chunks:  # logged with the end
         state.batch = []
         state.drained = store.end_turn(job_id, [*messages[len(messages) - fresh:], assistant],
                                        fields, events, waiter=slot.take(), chunks=chunks)
@@ -534,130 +405,6 @@ def _grammar(agent: AgentSpec, model: ModelConfig) -> Grammar | None:
     if key not in _grammars:
         _grammars[key] = build_grammar(agent, get_registry(), model.grammar)
     return _grammars[key]
-
-
-def estimate_usage(messages: list[dict[str, Any]], deltas: int) -> Usage:
-    """Token counts of a generation cut short: about 4 characters per prompt token, one
-    token per streamed delta (what OpenAI-compatible endpoints send)."""
-    prompt = sum(len(str(m.get("content") or "")) for m in messages) // 4
-    return Usage(prompt_tokens=prompt, completion_tokens=deltas, total_tokens=prompt + deltas)
-
-
-def _handle(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
-            events: list[p.ParseEvent], state: _Turn, depth: int, model: ModelConfig, *,
-            here: bool = True) -> list[p.ParseEvent] | None:
-    """Log parse events in order; register and dispatch each action as it closes. Outside
-    the turn's thread (not `here`), stop at an action: the events from it on are returned,
-    for the turn's thread (registering an action talks to Redis)."""
-    for index, event in enumerate(events):
-        if state.stopped_at is not None:
-            return None
-        if event.type == p.TEXT:
-            state.plain.append(event.data["text"])
-        elif event.type != p.WARNING:
-            state.tagged = True
-        if event.type == p.RESPONSE_END:
-            state.responses.append({"final": event.data["final"], "text": event.data["text"]})
-            state.final = state.final or event.data["final"]
-        elif event.type == p.ACTION_PARSED:
-            if not here:
-                _flush(store, job_id, state, force=False)
-                return events[index:]
-            action: Action = event.data["action"]
-            cap = min(agent.max_actions, get_settings().max_actions_per_job)
-            if len(planner.ids) >= cap:
-                state.limit = f"max_actions ({cap}) reached: the agent wrote more actions than allowed"
-                state.stopped_at = event.data["end"]
-                break
-            state.batch.append((p.ACTION_PARSED, {"action": action.model_dump(mode="json")}))
-            _flush(store, job_id, state)
-            if not _start_action(store, job_id, agent, planner, action, depth, model,
-                                 retaken=state.retaken):
-                state.ended = True  # the job ended: nothing more is registered or sent
-                return None
-            state.actions += 1
-            if action.mode.value == "sync":
-                state.stopped_at = event.data["end"]
-        elif event.type in CHUNK_EVENTS:
-            if event.type == p.PROTOCOL_ERROR:
-                state.errors.append(event.data)
-            state.batch.append((event.type, event.data))
-    _flush(store, job_id, state, force=False)
-    return None
-
-
-def _flush(store: Store, job_id: str, state: _Turn, *, force: bool = True) -> None:
-    """Log the buffered events: now (`force`), or text chunks within FLUSH_S, together with
-    every other turn's of this process (one Redis call per token, or per stream every
-    FLUSH_S, would cost a worker more CPU than reading the streams)."""
-    writer = _chunk_writer(store)
-    if force:
-        writer.flush(job_id, state.batch)  # after the job's pending chunks; not past its end
-    else:
-        writer.add(job_id, state.batch)
-    state.batch = []
-
-
-@cache
-def _chunk_writer(store: Store) -> ChunkWriter:
-    return ChunkWriter(store, FLUSH_S, prepare=_coalesce)
-
-
-def _coalesce(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
-    events = p.coalesce([p.ParseEvent(kind, data) for kind, data in batch])
-    return [(e.type, e.data) for e in events]
-
-
-def _start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
-                  action: Action, depth: int, model: ModelConfig, *, retaken: bool) -> bool:
-    """Register the action and send it if it is ready; False if the job has ended."""
-    placed = planner.place(action)
-    deps, after = list(placed.depends_on), list(placed.after)
-    spec = action.model_dump(mode="json")
-    spec.update(depends_on=deps, after=after, depth=depth, agent=agent.name)
-    row = ACTION_TYPES[action.type.value]
-    if row.needs_model:
-        spec["model"] = model.model_dump(mode="json")  # the job's model (option `model`)
-    entry = {"id": action.id, "spec": dumps(spec), "deps": deps, "after": after,
-             "on_error": action.on_error.value, "awaited": action.mode.value != "fire_and_forget"}
-    refusal = row.grant(agent, action.name)  # nesting: jobs.lifecycle.submit_child
-    if placed.self_loop:  # as a document says it: it could never run
-        refusal = f"dependency cycle: {action.id} -> {action.id}"
-    if refusal is not None:  # registered (dependents may wait on it), never queued
-        entry.update(deps=[], after=[], hold=True)
-    if retaken and store.spec(job_id, action.id) is not None:
-        # Registered by an earlier generation of this turn, whose coordinator died: never
-        # dispatch it again, unless it is still `queued` (it may have died before sending it;
-        # a second delivery of a sent one is harmless: `claim` runs an action once).
-        if refusal is None and store.action_status(job_id, action.id) == "queued":
-            ready = [{"id": action.id}]
-        else:
-            return True
-    else:
-        registered = store.register(job_id, [entry], close=False)
-        if not registered.recorded:
-            return False
-        ready = registered.ready
-    if refusal is not None:
-        executor.record_outcome(store, job_id, action.id, spec, "error", None, refusal)
-        return True
-    if ready and row.in_turn:  # runs here, in the coordinator
-        executor.execute(job_id, action.id, spec, trigger=True)
-    elif ready:
-        dispatch.send(job_id, [spec])
-    return True
-
-
-def _fail_unseen_dependencies(store: Store, job_id: str, planner: StreamPlanner, state: _Turn) -> None:
-    for action_id, missing in list(planner.waiting.items()):
-        message = (f"action {action_id!r} depends on {', '.join(map(repr, missing))}, which no "
-                   "action of this job has")
-        state.errors.append({"kind": "unknown_dependency", "message": message, "line": 0, "column": 0})
-        state.batch.append((p.PROTOCOL_ERROR, {"kind": "unknown_dependency", "message": message,
-                                               "line": 0, "column": 0, "action_id": action_id}))
-        spec = {"id": action_id}
-        executor.record_outcome(store, job_id, action_id, spec, "error", None, message)
-        del planner.waiting[action_id]
 
 
 def end_job(store: Store, job_id: str, status: str, *, result: str | None = None,
