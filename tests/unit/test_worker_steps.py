@@ -149,8 +149,8 @@ def test_celerys_signals_drive_the_process(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_what_each_step_does_depends_on_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, int | None]] = []
-    monkeypatch.setattr(steps.coordinator, "wait_in_place", lambda n: calls.append(("wait", n)))
-    monkeypatch.setattr(steps.coordinator, "stop_waiting", lambda: calls.append(("stop", None)))
+    monkeypatch.setattr(steps.waiting, "wait_in_place", lambda n: calls.append(("wait", n)))
+    monkeypatch.setattr(steps.waiting, "stop_waiting", lambda: calls.append(("stop", None)))
     monkeypatch.setattr(steps, "install_sigterm_handler", lambda: calls.append(("sigterm", None)))
     agent, tool = frozenset({"agent"}), frozenset({"tool"})
     for ctx in (ProcessContext("child"), ProcessContext("main", False, 4, agent),
