@@ -70,23 +70,33 @@ class ConnectionLost(ToolError):
 
 # ---------------------------------------------------------------- the event loop thread
 
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_pid = 0
-_loop_lock = threading.Lock()
+class _LoopThread:
+    """The process's MCP event loop, running in a daemon thread (started on first use, and
+    again in a forked child or after it stopped)."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.pid = 0
+        self.lock = threading.Lock()
+
+    def get(self) -> asyncio.AbstractEventLoop:
+        with self.lock:
+            if self.loop is None or self.pid != os.getpid() or not self.loop.is_running():
+                loop = asyncio.new_event_loop()
+                started = threading.Event()
+                loop.call_soon(started.set)
+                threading.Thread(target=loop.run_forever, name="mcp-client", daemon=True).start()
+                started.wait(10)
+                self.loop, self.pid = loop, os.getpid()
+            return self.loop
+
+
+_loop_thread = _LoopThread()
 
 
 def event_loop() -> asyncio.AbstractEventLoop:
     """The process's MCP event loop, running in a daemon thread (started on first use)."""
-    global _loop, _loop_pid
-    with _loop_lock:
-        if _loop is None or _loop_pid != os.getpid() or not _loop.is_running():
-            loop = asyncio.new_event_loop()
-            started = threading.Event()
-            loop.call_soon(started.set)
-            threading.Thread(target=loop.run_forever, name="mcp-client", daemon=True).start()
-            started.wait(10)
-            _loop, _loop_pid = loop, os.getpid()
-        return _loop
+    return _loop_thread.get()
 
 
 # ---------------------------------------------------------------- starting a stdio server
