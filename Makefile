@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint demo bench clean
+.PHONY: install check test lint demo bench clean
 
 install: $(STAMP)
 
@@ -13,6 +13,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
+
+# The fast lane (at most 90 s on 2 cores): ruff and the in-process tests, tests/unit and
+# tests/engine. `make test` runs every lane.
+check: install
+	scripts/check.sh
 
 test: install
 	$(BIN)/ruff check .
