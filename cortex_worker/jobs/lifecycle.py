@@ -14,6 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from cortex_worker.actions import dispatch, executor
@@ -83,11 +84,11 @@ def submit_document(store: Store, text: str, *, options: JobOptions | None = Non
     errors = check_document(doc)
     if errors:
         raise SubmitError(f"the document has {len(errors)} error(s)", errors)
-    return _create(store, "document", {
+    return _create(store, NewJob("document", {
         "document": text,
         "responses": [{"final": r["final"], "text": r["text"]} for r in doc.responses],
         **model_of_document(settings, options),
-    }, {"actions": len(doc.actions)}, options=options, tenant=tenant)
+    }, {"actions": len(doc.actions)}, options=options, tenant=tenant))
 
 
 def submit_workflow(store: Store, name: str, inputs: Any, *, options: JobOptions | None = None,
@@ -118,9 +119,10 @@ def submit_workflow(store: Store, name: str, inputs: Any, *, options: JobOptions
     }
     if flow.model is not None:
         fields["model"] = flow.model.model_dump(mode="json")
-    return _create(store, "workflow", fields, {"workflow": flow.name, "steps": len(actions)},
-                   options=options, parent=parent, depth=depth, tenant=tenant,
-                   variables={wf.INPUTS: inputs})
+    return _create(store, NewJob("workflow", fields, {"workflow": flow.name,
+                                                      "steps": len(actions)},
+                                 options=options, parent=parent, depth=depth, tenant=tenant,
+                                 variables={wf.INPUTS: inputs}))
 
 
 def submit_agent(store: Store, agent: str, text: str, *, options: JobOptions | None = None,
@@ -132,22 +134,42 @@ def submit_agent(store: Store, agent: str, text: str, *, options: JobOptions | N
     spec = get_registry().agent(agent)
     fields: dict[str, Any] = {"agent": spec.name, "input": text}
     periodic = {f.id: f for f in spec.context_feeds if f.type == "periodic" and f.enabled}
-    return _create(store, "agent", fields, {"agent": spec.name}, options=options,
-                   parent=parent, depth=depth, tenant=tenant, history=history,
-                   feeds=periodic, session=session)
+    return _create(store, NewJob("agent", fields, {"agent": spec.name}, options=options,
+                                 parent=parent, depth=depth, tenant=tenant, history=history,
+                                 feeds=periodic, session=session))
 
 
-def _create(store: Store, kind: JobKindName, fields: dict[str, Any], queued: dict[str, Any], *,
-            options: JobOptions | None, parent: tuple[str, str] | None = None, depth: int = 0,
-            tenant: str | None = None, variables: dict[str, Any] | None = None,
-            history: list[dict[str, Any]] | None = None, feeds: dict[str, Any] | None = None,
-            session: SessionTurn | None = None) -> str:
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to create, of any kind: what `_create` writes and sends for it."""
+
+    kind: JobKindName
+    fields: dict[str, Any]
+    """The record's fields of this kind (`JobRecord`)."""
+    queued: dict[str, Any]
+    """What its `job_queued` event says of it."""
+    options: JobOptions | None = None
+    parent: tuple[str, str] | None = None
+    """The action that asked for it: (job id, action id)."""
+    depth: int = 0
+    tenant: str | None = None
+    variables: dict[str, Any] | None = None
+    history: list[dict[str, Any]] | None = None
+    """The conversation so far (an agent's, in a session)."""
+    feeds: dict[str, Any] | None = None
+    """An agent's periodic context feeds, refreshed from its creation on."""
+    session: SessionTurn | None = None
+
+
+def _create(store: Store, new: NewJob) -> str:
     """The bookkeeping every kind shares: create the record, link a child to its parent, and
     queue the first step. A child of an action (`parent`: job id, action id) gets an id
     derived from them, so a redelivered action finds its job instead of starting another
     (and re-sends its start, which may never have been sent)."""
     settings = get_settings()
-    options = options or JobOptions()
+    kind, fields, parent, tenant, session = new.kind, new.fields, new.parent, new.tenant, \
+        new.session
+    options = new.options or JobOptions()
     if parent:  # one child per parent action, even if its task is delivered twice
         job_id = child_job_id(*parent)
         existing = store.peek(job_id, "status")
@@ -159,23 +181,24 @@ def _create(store: Store, kind: JobKindName, fields: dict[str, Any], queued: dic
     else:
         job_id = uuid.uuid4().hex
     record: dict[str, Any] = {
-        "kind": kind, "tenant": tenant or DEFAULT_TENANT, "options": options, "depth": depth,
+        "kind": kind, "tenant": tenant or DEFAULT_TENANT, "options": options, "depth": new.depth,
         "limit": options.max_parallel or settings.max_parallel_actions, **fields}
     if session:
         record["session"] = session.session_id
     if parent:
         record.update(parent_job=parent[0], parent_action=parent[1])
-    links = {"parent_job": parent[0], "parent_action": parent[1], "depth": depth} if parent else {}
+    links = {"parent_job": parent[0], "parent_action": parent[1], "depth": new.depth} \
+        if parent else {}
     # a session's message is recorded with the job, before the job can reply to it
     store.create_job(job_id, record, settings.event_retention_s,
-                     [(EventType.job_queued, {"kind": kind, **queued, **links})], session=session)
-    store.set_variables(job_id, variables or {})
-    if history:
-        store.append_conversation(job_id, *history)
+                     [(EventType.job_queued, {"kind": kind, **new.queued, **links})], session=session)
+    store.set_variables(job_id, new.variables or {})
+    if new.history:
+        store.append_conversation(job_id, *new.history)
     if parent and not _adopt(store, parent, job_id):
         return job_id
-    if feeds:  # an agent's periodic context feeds refresh from its creation on
-        dispatch.refresh_feeds(job_id, feeds)
+    if new.feeds:
+        dispatch.refresh_feeds(job_id, new.feeds)
     KINDS[kind].send_start(job_id)
     return job_id
 
