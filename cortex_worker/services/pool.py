@@ -68,14 +68,14 @@ class ServiceSpec(Protocol):
     def health(self) -> Health: ...
 
 
-S = TypeVar("S", bound=ServiceSpec)
+SpecT = TypeVar("SpecT", bound=ServiceSpec)
 
 
 @dataclass
-class Instance(Generic[S]):
+class Instance(Generic[SpecT]):
     """One running service: its process here (None: a remote service, nothing runs here)."""
 
-    spec: S
+    spec: SpecT
     proc: subprocess.Popen[bytes] | None
     log_path: Path
     log_offset: int
@@ -93,7 +93,7 @@ class Instance(Generic[S]):
         return self.proc.poll() if self.proc is not None else None
 
 
-I = TypeVar("I", bound=Instance[Any])  # noqa: E741 (the instance type, as S is the spec's)
+InstanceT = TypeVar("InstanceT", bound=Instance[Any])
 
 
 def start_time(pid: int) -> str | None:
@@ -144,7 +144,7 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=STOP_GRACE_S)
 
 
-class ServicePool(ABC, Generic[S, I]):
+class ServicePool(ABC, Generic[SpecT, InstanceT]):
     """Running instances of one kind of service, by name; thread-safe. A subclass says how
     an instance starts (`_start`) and how its health is checked (`_health`)."""
 
@@ -153,7 +153,7 @@ class ServicePool(ABC, Generic[S, I]):
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self._instances: dict[str, I] = {}
+        self._instances: dict[str, InstanceT] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -164,20 +164,20 @@ class ServicePool(ABC, Generic[S, I]):
     # ------------------------------------------------------------ what a kind says
 
     @abstractmethod
-    def _start(self, spec: S) -> I:
+    def _start(self, spec: SpecT) -> InstanceT:
         """Start an instance and return it once it is ready; ToolError if it cannot start
         (the caller holds the service's lock, and registers the instance)."""
 
     @abstractmethod
-    def _health(self, inst: I) -> str | None:
+    def _health(self, inst: InstanceT) -> str | None:
         """None if the instance answers its health check in time, else what went wrong."""
 
-    def _close(self, inst: I) -> None:
+    def _close(self, inst: InstanceT) -> None:
         """What stopping an instance does before its process group is stopped."""
 
     # ------------------------------------------------------------ public
 
-    def acquire(self, spec: S) -> I:
+    def acquire(self, spec: SpecT) -> InstanceT:
         """The service's running, healthy instance (started or restarted as needed), marked
         busy until `release`. ToolError when it cannot be started."""
         with self._lock_for(spec.name):
@@ -199,7 +199,7 @@ class ServicePool(ABC, Generic[S, I]):
             inst.last_used = time.monotonic()
             return inst
 
-    def release(self, inst: I) -> None:
+    def release(self, inst: InstanceT) -> None:
         with self._lock:
             inst.in_flight -= 1
             inst.last_used = time.monotonic()
@@ -209,7 +209,7 @@ class ServicePool(ABC, Generic[S, I]):
         with self._lock:
             return {name: inst.pid for name, inst in self._instances.items()}
 
-    def instance(self, name: str) -> I | None:
+    def instance(self, name: str) -> InstanceT | None:
         with self._lock:
             return self._instances.get(name)
 
@@ -292,14 +292,14 @@ class ServicePool(ABC, Generic[S, I]):
     def _pid_file(self, name: str) -> Path:
         return self.root / "pids" / f"{name}.{os.getpid()}.json"
 
-    def _record(self, inst: I, **extra: Any) -> None:
+    def _record(self, inst: InstanceT, **extra: Any) -> None:
         """Write the pid record of an instance whose process runs here (`reap_orphans`)."""
         record = {"name": inst.spec.name, "pid": inst.pid, "start": start_time(inst.pid),
                   **extra, "owner": os.getpid(), "owner_start": start_time(os.getpid())}
         with contextlib.suppress(OSError):
             inst.pid_file.write_text(json.dumps(record))
 
-    def _tail(self, inst: I) -> str:
+    def _tail(self, inst: InstanceT) -> str:
         try:
             with open(inst.log_path, "rb") as f:
                 f.seek(max(inst.log_offset, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
@@ -314,7 +314,7 @@ class ServicePool(ABC, Generic[S, I]):
         with self._lock:
             return self._locks.setdefault(name, threading.Lock())
 
-    def _unfit(self, inst: I) -> str | None:
+    def _unfit(self, inst: InstanceT) -> str | None:
         """Why the instance must be restarted before use, or None."""
         code = inst.exited()
         if code is not None:
@@ -326,7 +326,7 @@ class ServicePool(ABC, Generic[S, I]):
             inst.last_healthy = time.monotonic()
         return None
 
-    def _stop(self, inst: I, reason: str) -> None:
+    def _stop(self, inst: InstanceT, reason: str) -> None:
         """`_close` the instance, forget it, then stop its process group (if it runs here)."""
         self._close(inst)
         with self._lock:
@@ -365,7 +365,7 @@ class ServicePool(ABC, Generic[S, I]):
                 log.exception("%s reaper failed", self.kind)
 
 
-P = TypeVar("P", bound=ServicePool[Any, Any])
+PoolT = TypeVar("PoolT", bound=ServicePool[Any, Any])
 
 
 class ServicePools:
@@ -375,7 +375,7 @@ class ServicePools:
         self._pools: dict[type[ServicePool[Any, Any]], ServicePool[Any, Any]] = {}
         self._lock = threading.Lock()
 
-    def get(self, kind: type[P], root: Path) -> P:
+    def get(self, kind: type[PoolT], root: Path) -> PoolT:
         """The pool of `kind` (made on first use, with `root` for its files)."""
         with self._lock:
             pool = self._pools.get(kind)

@@ -181,8 +181,8 @@ def test_the_services_step_stops_every_pool_of_the_process(
     monkeypatch.setattr(steps, "service_pools", lambda: pools)
     pool = pools.get(Remote, tmp_path)
     assert pools.get(Remote, tmp_path / "other") is pool  # one pool per kind and process
-    spec = RelicSpec(name="far", runtime="http", command=["serve"],
-                     operations={"ping": {"path": "/ping"}})
+    spec = RelicSpec.model_validate({"name": "far", "runtime": "http", "command": ["serve"],
+                                     "operations": {"ping": {"path": "/ping"}}})
     pool.release(pool.acquire(spec))
     assert pool.running() == {"far": 0}
     steps.Services().stop(ProcessContext("main"))
