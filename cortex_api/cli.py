@@ -114,7 +114,7 @@ def _check_targets(doc: Document) -> str:
     parse: unknown or ungranted targets, bad parameters, too many actions. Returns a line
     saying against which manifests, or that target names were not checked."""
     from cortex_worker.handles import get_registry
-    from cortex_worker.jobs.lifecycle import check_document
+    from cortex_worker.jobs.lifecycle import document_report
     from cortex_worker.manifests.loader import ManifestError
     from cortex_worker.settings import get_settings
 
@@ -127,9 +127,7 @@ def _check_targets(doc: Document) -> str:
     except ManifestError as exc:
         stderr.print(f"[red]invalid manifests[/]: {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
-    parsed = doc.to_json()["errors"]
-    doc.errors.extend(p for p in check_document(doc) if p not in parsed)
-    doc.errors.sort(key=lambda e: (e["line"], e["column"]))
+    doc.errors[:] = document_report(doc)["errors"]
     return (f"targets checked against the manifests in {escape(str(directory))} "
             f"({len(registry.tools)} tools, {len(registry.agents)} agents)")
 

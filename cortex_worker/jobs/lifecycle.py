@@ -57,6 +57,14 @@ def check_document(doc: Document) -> list[dict[str, Any]]:
     return errors
 
 
+def document_report(doc: Document) -> dict[str, Any]:
+    """`cortex validate --json`'s report (and `POST /v1/validate`'s): the parse and plan, with
+    every error that submitting the document here would meet, in document order."""
+    report = doc.to_json()
+    report["errors"] = sorted(check_document(doc), key=lambda e: (e["line"], e["column"]))
+    return report
+
+
 #: How deep jobs may nest (a child's depth is its parent's + 1), unless the parent is an agent
 #: job: then its manifest's `max_depth` is the limit.
 MAX_DEPTH = 8

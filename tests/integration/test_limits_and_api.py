@@ -54,16 +54,27 @@ def test_job_listing_filters_by_status(workers: Any, api: Any) -> None:
 
 
 @pytest.mark.parametrize("path", sorted(CORPUS.glob("*.xml"))[:3], ids=lambda p: p.stem)
-def test_validate_endpoint_matches_the_cli(api: Any, path: Path, tmp_path: Path,
+def test_validate_endpoint_matches_the_cli(api: Any, path: Path, cortex_env: dict[str, str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    # /v1/validate parses only: so does the CLI without manifests (it checks targets with them)
-    monkeypatch.setenv("CORTEX_MANIFESTS", str(tmp_path / "none"))
+    """Both check targets against the same settings, as submitting the document would."""
+    for key, value in cortex_env.items():  # the API's manifests and document model
+        if key.startswith("CORTEX_"):
+            monkeypatch.setenv(key, value)
     handles.reset()
     served = httpx.post(f"{api.url}/v1/validate", json={"protocol": path.read_text()}).json()
     printed = json.loads(CliRunner().invoke(cli, ["validate", "--json", str(path)]).stdout)
     monkeypatch.undo()
     handles.reset()
     assert served == printed
+
+
+def test_validate_endpoint_reports_what_submitting_rejects(api: Any) -> None:
+    doc = action("a", "no_such_tool", {})
+    served = httpx.post(f"{api.url}/v1/validate", json={"protocol": doc}).json()
+    rejected = httpx.post(f"{api.url}/v1/jobs", json={"protocol": doc})
+    assert rejected.status_code == 422
+    assert [e["kind"] for e in served["errors"]] == ["unknown_tool"]
+    assert served["errors"][0]["message"] in rejected.text
 
 
 def test_readyz_reports_pools(workers: Any, api: Any) -> None:
