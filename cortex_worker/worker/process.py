@@ -55,6 +55,7 @@ class Process:
         self._ctx = ProcessContext("main")
 
     def start(self, ctx: ProcessContext) -> None:
+        """Start every step, in order (a step that raises stops the rest from starting)."""
         if self._started_in == self._pid():
             return
         self._started_in, self._started, self._ctx = self._pid(), [], ctx
@@ -63,11 +64,13 @@ class Process:
             self._started.append(step)
 
     def shutting_down(self) -> None:
+        """Tell the started steps, in reverse order, that a warm shutdown has begun."""
         if self._started_in == self._pid():
             for step in reversed(self._started):
                 step.shutting_down(self._ctx)
 
     def stop(self) -> None:
+        """Stop the started steps, in reverse order (one that fails does not stop the rest)."""
         if self._started_in != self._pid():
             return  # nothing started in this process
         started, self._started = self._started, []

@@ -60,5 +60,5 @@ def main_context(worker: Any) -> ProcessContext:
     if worker is None:
         return ProcessContext("main")
     return ProcessContext("main", threaded="thread" in str(worker.pool_cls),
-                   concurrency=int(worker.concurrency),
-                   queues=frozenset(worker.app.amqp.queues.consume_from))
+                          concurrency=int(worker.concurrency),
+                          queues=frozenset(worker.app.amqp.queues.consume_from))
