@@ -9,7 +9,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from cortex_api.models import Readiness
-from cortex_worker.app import POOLS, create_app
+from cortex_worker.app import create_app
+from cortex_worker.pools import NAMES
 from cortex_worker.settings import Settings
 
 DEFAULT_REQUIRED = ("agent", "tool")
@@ -23,7 +24,7 @@ def required_pools(settings: Settings) -> list[str]:
     return list(DEFAULT_REQUIRED if value is None else value)
 
 
-def count_workers(replies: Mapping[str, Any] | None, pools: Iterable[str] = POOLS) -> dict[str, int]:
+def count_workers(replies: Mapping[str, Any] | None, pools: Iterable[str] = NAMES) -> dict[str, int]:
     """Workers per pool from `inspect().active_queues()` replies ({worker: [{name: queue}...]})."""
     counts = dict.fromkeys(pools, 0)
     for queues in (replies or {}).values():

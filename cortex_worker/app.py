@@ -10,8 +10,6 @@ from cortex_worker.settings import Settings, get_settings
 from cortex_worker.store.state import MAX_CONNECTIONS
 from cortex_worker.worker import kombu_fixes as broker
 
-POOLS = NAMES  # one queue per pool of `pools.TABLE`
-
 
 def restore_lock_expiry(visibility_timeout_s: int) -> int:
     """Seconds kombu's restore lock lives: the visibility timeout, within 5..60 s."""
@@ -25,7 +23,7 @@ def create_app(settings: Settings | None = None) -> Celery:
     app = Celery("cortex", broker=settings.broker, backend=settings.redis_url,
                  include=["cortex_worker.tasks"], events="cortex_worker.observability.task_events:Events")
     app.conf.update(
-        task_queues=[Queue(name, Exchange(name, type="direct"), routing_key=name) for name in POOLS],
+        task_queues=[Queue(name, Exchange(name, type="direct"), routing_key=name) for name in NAMES],
         task_default_queue="tool",
         task_default_exchange="tool",
         task_default_routing_key="tool",

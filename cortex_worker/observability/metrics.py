@@ -25,7 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from cortex_worker.app import POOLS
+from cortex_worker.pools import NAMES
 from cortex_worker.protocol.events import JOB_LIVE, JobStatus
 from cortex_worker.store.keys import (
     JOBS_INDEX,
@@ -88,7 +88,7 @@ class CortexCollector(Collector):
     (None when the broker is not Redis: no queue lengths then)."""
 
     def __init__(self, client: redis.Redis, broker: redis.Redis | None = None, *,
-                 queues: Sequence[str] = POOLS, job_scan_limit: int = JOB_SCAN_LIMIT) -> None:
+                 queues: Sequence[str] = NAMES, job_scan_limit: int = JOB_SCAN_LIMIT) -> None:
         self.redis, self.broker = client, broker
         self.queues, self.job_scan_limit = tuple(queues), job_scan_limit
 

@@ -22,8 +22,8 @@ import jsonschema
 import pytest
 import yaml
 
-from cortex_worker.app import POOLS
 from cortex_worker.manifests.loader import load_registry
+from cortex_worker.pools import NAMES as POOLS
 from cortex_worker.settings import Settings, hashed_key_entries
 
 pytestmark = pytest.mark.unit

@@ -10,8 +10,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from cortex_worker.app import POOLS
 from cortex_worker.observability.metrics import BUCKETS
+from cortex_worker.pools import NAMES as POOLS
 from tests.harness import wait_until
 from tests.integration.test_documents import action, run
 

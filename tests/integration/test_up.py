@@ -205,7 +205,7 @@ def _prepare_rabbitmq() -> str | None:
     """Purge the pool queues on the local RabbitMQ; the reason to skip, or None."""
     from kombu import Connection, Exchange, Queue
 
-    from cortex_worker.app import POOLS
+    from cortex_worker.pools import NAMES as POOLS
 
     try:
         with socket.create_connection(("127.0.0.1", 5672), timeout=1):
