@@ -219,6 +219,11 @@ class ActionType:
     job: internal actions)."""
 
 
+def listing(heading: str, names: Sequence[str]) -> str | None:
+    """A prompt section that names what the agent may call (None if nothing)."""
+    return "\n".join([heading, "", *(f"- {name}" for name in names)]) if names else None
+
+
 def on(queue: str) -> Callable[[Tables, str], str]:
     """A type whose actions all run on one pool."""
     return lambda registry, name: queue

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from cortex_worker.actions.types.base import ActionType, Agent, Callee, Problem, Tables, Target, on
+from cortex_worker.actions.types.base import (
+    ActionType,
+    Agent,
+    Callee,
+    Problem,
+    Tables,
+    Target,
+    listing,
+    on,
+)
 from cortex_worker.services.relics.spec import check_relic_action
 
 
@@ -19,9 +28,7 @@ def grant(agent: Agent, name: str) -> str | None:
 
 
 def prompt(agent: Agent, registry: Tables) -> str | None:
-    if not agent.relics:
-        return None
-    return "\n".join(['# Relics (type="relic")', "", *(f"- {name}" for name in agent.relics)])
+    return listing('# Relics (type="relic")', agent.relics)
 
 
 def callees(agent: Agent, registry: Tables) -> Iterable[Callee]:

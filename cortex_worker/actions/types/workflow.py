@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from cortex_worker.actions.types.base import ActionType, Agent, Callee, Problem, Tables, Target, on
+from cortex_worker.actions.types.base import (
+    ActionType,
+    Agent,
+    Callee,
+    Problem,
+    Tables,
+    Target,
+    listing,
+    on,
+)
 
 
 def check(target: Target) -> list[Problem]:
@@ -26,10 +35,7 @@ def grant(agent: Agent, name: str) -> str | None:
 
 
 def prompt(agent: Agent, registry: Tables) -> str | None:
-    if not agent.workflows:
-        return None
-    return "\n".join(['# Workflows (type="workflow")', "",
-                      *(f"- {name}" for name in agent.workflows)])
+    return listing('# Workflows (type="workflow")', agent.workflows)
 
 
 def callees(agent: Agent, registry: Tables) -> Iterable[Callee]:
