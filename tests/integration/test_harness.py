@@ -61,7 +61,7 @@ def test_wait_until_returns_value_and_times_out() -> None:
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="never"):
         harness.wait_until(lambda: False, timeout=0.1, interval=0.01, message="never")
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 10  # its timeout ended it: the condition never holds
 
 
 # --------------------------------------------------------------------------- Redis
@@ -170,7 +170,7 @@ def test_stop_escalates_to_sigkill(tmp_path: Path) -> None:
     harness.wait_until(lambda: "ready-42" in proc.tail(), timeout=5)
     started = time.monotonic()
     proc.stop(timeout=0.3)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # killed, not left to its minute's sleep
     assert proc.returncode == -signal.SIGKILL
     assert proc.members() == []
 
