@@ -3,6 +3,7 @@ a model that keeps failing is asked no more often than its retry budget allows."
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -35,7 +36,7 @@ def long_thought(seconds: float, rate: float = 40) -> Turn:
 
 def test_cancel_stops_the_generation(api: Any, llm: FakeLLM) -> None:  # noqa: F811
     model = unique("cancel")
-    llm.script(model, [long_thought(8)])
+    llm.script(model, [long_thought(120)])
     job_id = start(api, "tester", "go", model=model)
     httpx_deadline = time.monotonic() + 10
     while not llm.stream_log(model) and time.monotonic() < httpx_deadline:
@@ -46,22 +47,22 @@ def test_cancel_stops_the_generation(api: Any, llm: FakeLLM) -> None:  # noqa: F
     events = finish(api, job_id, timeout=15)
     assert events[-1]["type"] == "job_cancelled"
     # the coordinator noticed within its status-check period and hung up on the model
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while llm.outcomes(model)[-1] == "streaming" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert llm.outcomes(model)[-1] == "client_disconnected"
-    assert time.monotonic() - cancelled_at < 5
+    assert time.monotonic() - cancelled_at < 60  # hung up, not read to the end (two minutes)
 
 
 def test_a_generation_past_the_wall_time_fails_the_job(api: Any, llm: FakeLLM) -> None:  # noqa: F811
     model = unique("slow")
-    llm.script(model, [long_thought(10)])
+    llm.script(model, [long_thought(120)])
     started = time.monotonic()
     job_id = start(api, "hasty", "go", model=model)  # max_wall_time_s: 2
-    events = finish(api, job_id, timeout=20)
+    events = finish(api, job_id, timeout=60)
     assert events[-1]["type"] == "job_failed"
     assert "wall time limit (2 s)" in events[-1]["data"]["error"]
-    assert time.monotonic() - started < 8
+    assert time.monotonic() - started < 60  # the limit ended it, not the two minutes' thought
 
 
 def thinking_with_actions(count: int, rate: float = 40) -> Turn:
@@ -92,23 +93,30 @@ def assert_cancelled_completely(server: Any, job_id: str, events: list[dict[str,
 
 
 def test_cancel_mid_stream_is_immediate_and_complete(api: Any, llm: FakeLLM) -> None:  # noqa: F811
+    """The server holds its stream just past the second action until the job is cancelled,
+    then streams on at 40 tokens a second: the turn hangs up on the model within its status
+    check, well before another second's worth of tokens (counted from the release, so how
+    long the cancel took to reach the job on a busy machine does not count)."""
     model = unique("cancel-acts")
-    llm.script(model, [thinking_with_actions(30)])
+    script = thinking_with_actions(30)
+    second = script.text.index("</action>", script.text.index("</action>") + 1) + len("</action>")
+    held = (second - 1) // 4  # the token (of 4 characters) that closes the second action
+    release = threading.Event()
+    script.holds = {held: release}
+    llm.script(model, [script])
     job_id = start(api, "tester", "go", model=model)
     wait_for_actions(api, job_id, 2)
-    cancelled_at = time.monotonic()
     assert httpx.post(f"{api.url}/v1/jobs/{job_id}/cancel", timeout=10).status_code == 200
-    events = finish(api, job_id, timeout=15)
+    events = finish(api, job_id, timeout=30)
     assert_cancelled_completely(api, job_id, events)
     assert {a["status"] for a in view(api, job_id)["actions"]} == {"cancelled"}
-    # the stream was closed well under a second after the cancel (the job's end is pushed to
-    # the turn; the server notices at its next write)
-    deadline = time.monotonic() + 5
+    release.set()  # the job ended while the model was held
+    deadline = time.monotonic() + 30
     while llm.outcomes(model)[-1] == "streaming" and time.monotonic() < deadline:
         time.sleep(0.02)
     assert llm.outcomes(model) == ["client_disconnected"]
-    last_write = llm.stream_log(model)[0][-1][0]
-    assert last_write - cancelled_at < 1.0, f"streamed {last_write - cancelled_at:.2f} s more"
+    (log,) = llm.stream_log(model)
+    assert len(log) - (held + 1) < 40, f"{len(log) - held - 1} chunks written after the cancel"
 
 
 def test_cancel_reaches_a_streaming_child_agent(api: Any, llm: FakeLLM) -> None:  # noqa: F811
