@@ -22,7 +22,7 @@ assistant's `tool_calls` become `tool_use` blocks (`input` = the parsed argument
 that were not a JSON object are kept as `{"INVALID_JSON": "<text>"}`, as Anthropic suggests);
 consecutive `tool` messages become one user message of `tool_result` blocks, in call order,
 with `is_error: true` when the content starts with an error status (`error: ...`,
-`timeout: ...`, see `coordinator._tool_content`); a user message that follows joins that same
+`timeout: ...`, see `jobs.turns.loop._tool_content`); a user message that follows joins that same
 user message after the results. Empty text is left out (the API refuses empty text blocks)
 and messages of the same role in a row are merged. Tools become `{name, description,
 input_schema}`. `max_tokens` is required by the API: `config.max_tokens`, else
@@ -63,7 +63,7 @@ DEFAULT_MAX_TOKENS = 8192
 write this many)."""
 ERROR_STATUSES = ("error", "timeout", "skipped", "cancelled")
 """The result statuses other than `ok`: a `tool` message starting with `<status>: ` is the
-error of its call (`coordinator._tool_content`), sent with `is_error: true`."""
+error of its call (`jobs.turns.loop._tool_content`), sent with `is_error: true`."""
 
 #: The HTTP status of each error type of an `error` event (Anthropic's error types).
 _ERROR_TYPES = {
