@@ -12,7 +12,7 @@ from cortex_worker.app import app
 from cortex_worker.handles import get_store
 from cortex_worker.jobs import feeds
 from cortex_worker.jobs import lifecycle as jobs
-from cortex_worker.jobs.turns import loop as coordinator
+from cortex_worker.jobs.turns import loop
 from cortex_worker.worker import signals, steps
 
 # Every worker imports this module (the app's `include`): its processes run the steps.
@@ -57,7 +57,7 @@ def _execute(task: Task, job_id: str, action_id: str, spec: dict[str, Any] | Non
 @app.task(name="cortex.agent_turn", ignore_result=True)
 def agent_turn(job_id: str) -> None:
     """Run an agent job's next turn (it returns while the turn's actions run)."""
-    coordinator.run_turns(get_store(), job_id)
+    loop.run_turns(get_store(), job_id)
 
 
 @app.task(name="cortex.invoke")

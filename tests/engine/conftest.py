@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cortex_worker import handles as runtime
+from cortex_worker import handles
 from cortex_worker.actions import dispatch
 from cortex_worker.settings import get_settings
 from cortex_worker.store.state import Store
@@ -59,18 +59,18 @@ def engine_runtime(engine_redis: harness.RedisServer,
         patch.setenv("CORTEX_REDIS_URL", engine_redis.url)
         patch.setenv("CORTEX_MANIFESTS", str(MANIFESTS_DIR))
         patch.setenv("CORTEX_WORKSPACE_ROOT", str(tmp_path_factory.mktemp("engine-workspaces")))
-        runtime.reset()
+        handles.reset()
         try:
             yield
         finally:
-            runtime.reset()
+            handles.reset()
 
 
 @pytest.fixture
 def store(engine_runtime: None, engine_redis: harness.RedisServer) -> Store:
     """The process's `Store` (`runtime.get_store()`, which the engine uses), on an empty Redis."""
     assert get_settings().redis_url == engine_redis.url  # never flush another Redis
-    store = runtime.get_store()
+    store = handles.get_store()
     store.redis.flushdb()
     return store
 

@@ -12,7 +12,7 @@ import time
 import uuid
 
 from cortex_worker.actions import dispatch
-from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker.jobs import lifecycle
 from cortex_worker.jobs.options import JobOptions
 from cortex_worker.recovery.reconciler import Reconciler
 from cortex_worker.settings import get_settings
@@ -34,7 +34,7 @@ def action_status(store: Store, job_id: str, action_id: str) -> str:
 
 def test_an_action_waits_for_approval_without_a_message_then_runs(
         store: Store, broker: StubBroker) -> None:
-    job_id = jobs.submit_document(store, DOCUMENT)  # canvas on: a gated plan runs by readiness
+    job_id = lifecycle.submit_document(store, DOCUMENT)  # canvas on: a gated plan runs by readiness
     broker.join()
     assert status(store, job_id) == "running"
     assert action_status(store, job_id, "d") == "awaiting_approval"
@@ -48,9 +48,9 @@ def test_an_action_waits_for_approval_without_a_message_then_runs(
     assert request["timeout_s"] == get_settings().approval_timeout_s
     assert Reconciler(store, get_settings()).reconcile() == 0  # not lost: waiting
 
-    assert jobs.decide_approval(store, job_id, "d", approve=True, by="ops") == "approved"
-    assert jobs.decide_approval(store, job_id, "d", approve=True, by="ops") == "was_approved"
-    assert jobs.decide_approval(store, job_id, "d", approve=False, by="ops") == "was_approved"
+    assert lifecycle.decide_approval(store, job_id, "d", approve=True, by="ops") == "approved"
+    assert lifecycle.decide_approval(store, job_id, "d", approve=True, by="ops") == "was_approved"
+    assert lifecycle.decide_approval(store, job_id, "d", approve=False, by="ops") == "was_approved"
     broker.join()
     assert status(store, job_id) == "completed"
     log = events(store, job_id)
@@ -61,9 +61,9 @@ def test_an_action_waits_for_approval_without_a_message_then_runs(
 
 def test_a_rejected_action_fails_with_the_reason_and_its_dependents_are_skipped(
         store: Store, broker: StubBroker) -> None:
-    job_id = jobs.submit_document(store, DOCUMENT, options=JobOptions(canvas=False))
+    job_id = lifecycle.submit_document(store, DOCUMENT, options=JobOptions(canvas=False))
     broker.join()
-    assert jobs.decide_approval(store, job_id, "d", approve=False, by="ops",
+    assert lifecycle.decide_approval(store, job_id, "d", approve=False, by="ops",
                                 reason="not on a Friday") == "rejected"
     broker.join()
     log = events(store, job_id)
@@ -71,12 +71,12 @@ def test_a_rejected_action_fails_with_the_reason_and_its_dependents_are_skipped(
     assert one(log, "action_failed", "d")["error"] == "rejected by ops: not on a Friday"
     assert action_status(store, job_id, "after") == "skipped"
     assert status(store, job_id) == "failed"
-    assert jobs.decide_approval(store, job_id, "d", approve=True, by="ops") == "ended"
+    assert lifecycle.decide_approval(store, job_id, "d", approve=True, by="ops") == "ended"
 
 
 def test_an_unanswered_request_is_rejected_by_the_reconciler_when_it_expires(
         store: Store, broker: StubBroker) -> None:
-    job_id = jobs.submit_document(store, DOCUMENT, options=JobOptions(canvas=False))
+    job_id = lifecycle.submit_document(store, DOCUMENT, options=JobOptions(canvas=False))
     broker.join()
     key = job_keys(job_id).approvals
     request = json.loads(store.redis.hget(key, "d") or "{}")
@@ -95,19 +95,19 @@ def test_an_unanswered_request_is_rejected_by_the_reconciler_when_it_expires(
 
 
 def test_cancelling_the_job_cancels_a_waiting_action(store: Store, broker: StubBroker) -> None:
-    job_id = jobs.submit_document(store, DOCUMENT, options=JobOptions(canvas=False))
+    job_id = lifecycle.submit_document(store, DOCUMENT, options=JobOptions(canvas=False))
     broker.join()
-    assert jobs.cancel_job(store, job_id)
+    assert lifecycle.cancel_job(store, job_id)
     assert action_status(store, job_id, "d") == "cancelled"
-    assert jobs.decide_approval(store, job_id, "d", approve=True, by="ops") == "ended"
-    assert jobs.decide_approval(store, job_id, "b", approve=True, by="ops") == "ended"
+    assert lifecycle.decide_approval(store, job_id, "d", approve=True, by="ops") == "ended"
+    assert lifecycle.decide_approval(store, job_id, "b", approve=True, by="ops") == "ended"
 
 
 def test_an_action_that_needs_no_approval_cannot_be_approved(
         store: Store, broker: StubBroker) -> None:
-    job_id = jobs.submit_document(store, DOCUMENT, options=JobOptions(canvas=False))
+    job_id = lifecycle.submit_document(store, DOCUMENT, options=JobOptions(canvas=False))
     broker.join()
-    assert jobs.decide_approval(store, job_id, "b", approve=True, by="ops") == "none"
+    assert lifecycle.decide_approval(store, job_id, "b", approve=True, by="ops") == "none"
 
 
 # ---------------------------------------------------------------- agents
@@ -125,7 +125,7 @@ def test_an_agent_policy_holds_its_calls_and_the_model_reads_a_rejection(
         Turn(text='<response final="true">I could not compute it.</response>',
              tokens_per_second=5000.0),
     ])
-    job_id = jobs.submit_agent(store, "cautious", "Compute 6*7.",
+    job_id = lifecycle.submit_agent(store, "cautious", "Compute 6*7.",
                                options=JobOptions(model=model))
     broker.join()
     assert action_status(store, job_id, "calc") == "awaiting_approval"
@@ -133,7 +133,7 @@ def test_an_agent_policy_holds_its_calls_and_the_model_reads_a_rejection(
     request = one(events(store, job_id), "approval_requested", "calc")
     assert request["timeout_s"] == 2  # the agent's own approval.timeout_s
 
-    assert jobs.decide_approval(store, job_id, "calc", approve=False, by="ops",
+    assert lifecycle.decide_approval(store, job_id, "calc", approve=False, by="ops",
                                 reason="use the echo") == "rejected"
     broker.join()
     assert status(store, job_id) == "completed"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cortex_worker.actions import dispatch
-from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker.jobs import lifecycle
 from cortex_worker.jobs.options import JobOptions
 from cortex_worker.store.state import Store
 from cortex_worker.testing import StubBroker
@@ -21,7 +21,7 @@ def test_a_second_delivery_leaves_the_slot_of_the_one_that_runs_the_action(
     """A redelivered action task finds its action held by a live delivery: it must not give
     back the slot that delivery runs in, or one more call than the limit would start (the
     fan-out of 500 in tests/integration/test_max_concurrency.py saw 4 at once under load)."""
-    job_id = jobs.submit_document(store, action("r0", "rate_limited", {"seconds": 0}),
+    job_id = lifecycle.submit_document(store, action("r0", "rate_limited", {"seconds": 0}),
                                   options=JobOptions(canvas=False))
     while not broker.messages(dispatch.ACTION_TASK):
         assert broker.step() is not None, "the action was never sent"

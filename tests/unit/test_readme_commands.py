@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from cortex_worker import handles as runtime
-from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker import handles
+from cortex_worker.jobs import lifecycle
 from cortex_worker.protocol.document import load_document
 from tests.manifest_helpers import EXAMPLE_MANIFESTS, REPO_ROOT
 
@@ -22,9 +22,9 @@ COMMANDS = re.findall(r"cortex (exec|validate)(?: --json)? (\S+)", README)
 @pytest.fixture
 def example_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("CORTEX_MANIFESTS", str(EXAMPLE_MANIFESTS))
-    runtime.reset()
+    handles.reset()
     yield
-    runtime.reset()
+    handles.reset()
 
 
 def test_the_readme_runs_and_validates_files_that_exist() -> None:
@@ -38,4 +38,4 @@ def test_the_document_the_readme_runs_needs_only_the_shipped_manifests() -> None
     for command, path in COMMANDS:
         if command == "exec":
             document = load_document((REPO_ROOT / path).read_text())
-            assert jobs.check_document(document) == [], path
+            assert lifecycle.check_document(document) == [], path

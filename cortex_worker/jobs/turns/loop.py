@@ -32,8 +32,7 @@ from cortex_worker.agents.prompt import (
 )
 from cortex_worker.agents.spec import AgentSpec
 from cortex_worker.handles import get_job_ends, get_registry
-from cortex_worker.jobs import feeds
-from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker.jobs import feeds, lifecycle
 from cortex_worker.jobs.ends import Watch
 from cortex_worker.jobs.kinds import KINDS, render_responses
 from cortex_worker.jobs.record import JobRecord
@@ -416,7 +415,7 @@ def end_job(store: Store, job_id: str, status: str, *, result: str | None = None
     if turns is None:
         turns = (store.peek(job_id, "turn") or JobRecord(id=job_id)).turn
     events, fields = closing
-    jobs.end_job(store, job_id, status, {"status": status, "result": result, "error": error,
+    lifecycle.end_job(store, job_id, status, {"status": status, "result": result, "error": error,
                                          "turns": turns},
                  {**fields, "result": result or "", "error": error or "", "turns": turns},
                  events=events, result=result, job=job)
