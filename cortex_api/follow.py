@@ -422,8 +422,10 @@ def print_outcome(view: JobView, console: Console) -> None:
     """The responses, how the job ended, the timeline and the speedup."""
     for text, final in zip(view.responses, view.finals, strict=True):
         console.rule("answer" if final else "response (not final)")
-        if final:
-            console.print(Markdown(text.strip()))
+        if final and console.is_terminal:  # rendered, wrapped to the terminal's width
+            console.print(Markdown(text.strip()), soft_wrap=False)
+        elif final:  # a pipe or a log: the answer as the model wrote it, never cut or re-wrapped
+            console.print(Text(text.strip()))
         else:
             console.print(Text(text.strip(), style="dim"))
     if view.end:

@@ -244,7 +244,10 @@ def test_follow_job_prints_lines_responses_timeline_and_speedup(
         assert re.search(r"2\.00s  ▶ a \(tool python\) started, 1\.00 s after its </action>", out)
         assert re.search(r"4\.00s  ✓ a \(tool python\) ok in 2\.000 s", out)
         assert "── turn 2" in out
-    assert "working: a=1" in out and "Done" in out and "**" not in out  # markdown rendered
+    if live:  # markdown rendered to the terminal's width
+        assert "working: a=1" in out and "Done" in out and "**" not in out
+    else:  # a pipe or a log: the answer as the model wrote it
+        assert "working: a=1" in out and "## Done\n\na=**1**" in out
     assert "job_completed after 10.00 s" in out
     assert re.search(r"^timeline\s+0 s\s+10\.00 s$", out, re.MULTILINE)
     assert re.search(r"^a\s+python\s+▕", out, re.MULTILINE)
@@ -258,3 +261,31 @@ def test_follow_job_without_a_terminal_is_the_default_for_pipes(monkeypatch: pyt
     follow.follow_job("http://api", "j", console, {})
     out = console.file.getvalue()  # type: ignore[attr-defined]
     assert "\x1b[" not in out and "▶ a (tool python) started" in out
+
+
+def _answered(text: str) -> JobView:
+    view = JobView()
+    view.responses.append(text)
+    view.finals.append(True)
+    return view
+
+
+LONG_ANSWER = ("## Findings\n\n- **The serial part** (Amdahl). A job that is 95% parallel runs 9.14× "
+               "faster on 16 workers, and never more than 20.00×; simulating 3,000 such jobs "
+               "gave 8.69×.\n- A second point.")
+
+
+def test_an_answer_to_a_pipe_is_printed_as_written_never_cut_or_rewrapped() -> None:
+    out = io.StringIO()
+    follow.print_outcome(_answered(LONG_ANSWER), Console(file=out, width=80, soft_wrap=True))
+    assert LONG_ANSWER in out.getvalue()
+
+
+def test_an_answer_in_a_terminal_is_rendered_and_wrapped_to_its_width() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=40, soft_wrap=True, force_terminal=True, color_system=None)
+    follow.print_outcome(_answered(LONG_ANSWER), console)
+    lines = out.getvalue().splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 40
+    words = " ".join(out.getvalue().split())
+    assert "gave 8.69×" in words and "**" not in words  # every word, as Markdown renders it
