@@ -94,24 +94,30 @@ class CeleryBroker:
         self.app.control.revoke(list(task_ids), terminate=True, signal="SIGTERM")
 
 
-_broker: Broker = CeleryBroker(app)
+class _Sending:
+    """The broker this process sends through now (`use_broker` swaps it)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+
+_sending = _Sending(CeleryBroker(app))
 
 
 def current_broker() -> Broker:
     """The broker dispatch sends through now."""
-    return _broker
+    return _sending.broker
 
 
 @contextmanager
 def use_broker(broker: Broker) -> Iterator[Broker]:
     """Send every message of this process through `broker` within the block (any thread),
     then through the one before it again."""
-    global _broker
-    previous, _broker = _broker, broker
+    previous, _sending.broker = _sending.broker, broker
     try:
         yield broker
     finally:
-        _broker = previous
+        _sending.broker = previous
 
 
 def task_id(job_id: str, action_id: str) -> str:
@@ -136,7 +142,7 @@ def send(job_id: str, specs: Iterable[Mapping[str, Any]], countdown: float | Non
     if not specs:
         return
     specs = approvals.hold(get_store(), job_id, specs, get_registry(), get_settings())
-    broker = _broker
+    broker = _sending.broker
     with broker.batch():
         for spec in specs:
             broker.send_task(ACTION_TASK, [job_id, spec["id"], dict(spec), True],
@@ -154,23 +160,23 @@ def send_canvas(job_id: str, step: Step, specs: Mapping[str, Mapping[str, Any]])
                              queue=queue_of(specs[action_id]), task_id=task_id(job_id, action_id),
                              reply_to="")
 
-    _broker.apply_canvas(to_canvas(step, signature))
+    _sending.broker.apply_canvas(to_canvas(step, signature))
 
 
 def start_job(job_id: str) -> None:
     """Queue the start of a job on the agent pool."""
-    _broker.send_task(START_TASK, [job_id], queue="agent", task_id=f"{job_id}:start")
+    _sending.broker.send_task(START_TASK, [job_id], queue="agent", task_id=f"{job_id}:start")
 
 
 def agent_turn(job_id: str, countdown: float | None = None) -> None:
     """Queue an agent job's next turn on the agent pool (in `countdown` seconds, if given)."""
-    _broker.send_task(TURN_TASK, [job_id], queue="agent", countdown=countdown,
+    _sending.broker.send_task(TURN_TASK, [job_id], queue="agent", countdown=countdown,
                       argsrepr=f"({job_id!r},)")
 
 
 def invoke(spec: Mapping[str, Any], *, timeout: float, job_id: str) -> Any:
     """Run one target on its pool outside any plan and wait for its value (context feeds)."""
-    result = _broker.send_task(INVOKE_TASK, [job_id, dict(spec), timeout], queue=queue_of(spec),
+    result = _sending.broker.send_task(INVOKE_TASK, [job_id, dict(spec), timeout], queue=queue_of(spec),
                                argsrepr=f"({job_id!r}, {spec['id']!r}, {spec['name']!r})")
     try:
         outcome = result.get(timeout=timeout + 5, disable_sync_subtasks=False)
@@ -183,13 +189,13 @@ def invoke(spec: Mapping[str, Any], *, timeout: float, job_id: str) -> Any:
 
 def deferred_timeout(job_id: str, action_id: str, countdown: float) -> None:
     """Check, once the timeout has passed, that a deferred (child-job) action has ended."""
-    _broker.send_task(DEFERRED_TASK, [job_id, action_id], queue="agent", countdown=countdown,
+    _sending.broker.send_task(DEFERRED_TASK, [job_id, action_id], queue="agent", countdown=countdown,
                       argsrepr=f"({job_id!r}, {action_id!r})")
 
 
 def refresh_feed(job_id: str, feed_id: str, generation: int, countdown: float) -> None:
     """Schedule a periodic feed's next refresh on the agent pool."""
-    _broker.send_task(FEED_TASK, [job_id, feed_id, generation], queue="agent",
+    _sending.broker.send_task(FEED_TASK, [job_id, feed_id, generation], queue="agent",
                       countdown=countdown, argsrepr=f"({job_id!r}, {feed_id!r})")
 
 
@@ -205,4 +211,4 @@ def revoke(job_id: str, action_ids: Iterable[str]) -> None:
     """Revoke actions: queued ones never start, running ones are terminated."""
     ids = [task_id(job_id, a) for a in action_ids]
     if ids:
-        _broker.revoke(ids)
+        _sending.broker.revoke(ids)

@@ -47,19 +47,24 @@ class JobHooks(Protocol):
         """Start the child job an action asked for; raises `SubmitError` if it cannot run."""
 
 
-_job_hooks: JobHooks | None = None
+class _JobLayer:
+    """The job layer's hooks, once it is imported."""
+
+    hooks: JobHooks | None = None
+
+
+_layer = _JobLayer()
 
 
 def install_job_hooks(hooks: JobHooks) -> None:
     """Called once by `cortex_worker.jobs.lifecycle` when it is imported."""
-    global _job_hooks
-    _job_hooks = hooks
+    _layer.hooks = hooks
 
 
 def _jobs() -> JobHooks:
-    if _job_hooks is None:
+    if _layer.hooks is None:
         raise RuntimeError("no job layer installed: import cortex_worker.jobs.lifecycle first")
-    return _job_hooks
+    return _layer.hooks
 
 
 def action_timeout(spec: Mapping[str, Any]) -> float:

@@ -391,15 +391,22 @@ class _Reader:
                 log.exception("the model stream reader failed; it goes on")
 
 
-_reader: _Reader | None = None
-_reader_lock = threading.Lock()
+class _Current:
+    """This process's reader (a forked child makes its own)."""
+
+    def __init__(self) -> None:
+        self.reader: _Reader | None = None
+        self.lock = threading.Lock()
+
+
+_current = _Current()
 
 
 def _shared_reader() -> _Reader:
     """This process's reader (a forked child starts its own)."""
-    global _reader
-    with _reader_lock:
-        if _reader is None or _reader.pid != os.getpid() or not _reader.alive():
-            _reader = _Reader()
-        return _reader
+    with _current.lock:
+        reader = _current.reader
+        if reader is None or reader.pid != os.getpid() or not reader.alive():
+            reader = _current.reader = _Reader()
+        return reader
 

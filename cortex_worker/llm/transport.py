@@ -52,8 +52,15 @@ MAX_BACKOFF_S = 10.0
 RETRYABLE_STATUS = frozenset({408, 429})  # and every 5xx (529: Anthropic's "overloaded")
 
 
-_client: httpx.Client | None = None
-_client_lock = threading.Lock()
+class _Shared:
+    """The process-wide client, made on first use (and again after `close_shared_client`)."""
+
+    def __init__(self) -> None:
+        self.client: httpx.Client | None = None
+        self.lock = threading.Lock()
+
+
+_shared = _Shared()
 _sleep = time.sleep  # tests may replace it
 
 
@@ -61,25 +68,23 @@ def shared_client() -> httpx.Client:
     """The process-wide HTTP client (thread-safe, created on first use): model streams go
     through `Http11Transport` (far less CPU per token), or through httpx's own transport
     where the environment names a proxy (which only that one honours)."""
-    global _client
-    with _client_lock:
-        if _client is None or _client.is_closed:
+    with _shared.lock:
+        if _shared.client is None or _shared.client.is_closed:
             proxied = any(urllib.request.getproxies().get(s) for s in ("http", "https", "all"))
-            _client = httpx.Client(
+            _shared.client = httpx.Client(
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=MAX_IDLE),
                 transport=None if proxied else Http11Transport(),
                 follow_redirects=False,
             )
-        return _client
+        return _shared.client
 
 
 def close_shared_client() -> None:
     """Close the process-wide client (a new one is created on next use)."""
-    global _client
-    with _client_lock:
-        if _client is not None:
-            _client.close()
-            _client = None
+    with _shared.lock:
+        if _shared.client is not None:
+            _shared.client.close()
+            _shared.client = None
 
 
 def timeout(config: ModelConfig) -> httpx.Timeout:

@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import docker
@@ -159,7 +160,6 @@ def _lost(settings: Settings, exc: BaseException, doing: str) -> ToolError:
 
 _live_lock = threading.RLock()  # re-entrant: kill_all runs in a signal handler
 _live: dict[str, Settings] = {}
-_handler_installed = False
 
 
 def kill_all() -> int:
@@ -180,11 +180,13 @@ def kill_all() -> int:
 
 def _install_sigterm_handler() -> None:
     """Chain a SIGTERM handler that removes live containers (main thread only; once)."""
-    global _handler_installed
-    if _handler_installed or threading.current_thread() is not threading.main_thread():
-        return
+    if threading.current_thread() is threading.main_thread():
+        _chain_kill_all()
+
+
+@cache
+def _chain_kill_all() -> None:
     chain_sigterm(kill_all)
-    _handler_installed = True
 
 
 @contextlib.contextmanager

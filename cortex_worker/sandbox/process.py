@@ -44,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Protocol
@@ -110,9 +111,9 @@ def kill_all() -> int:
     return len(groups)
 
 
-_installed = False
 
 
+@cache
 def install_sigterm_handler() -> None:
     """On SIGTERM, kill every live sandbox group, then chain to the previous handler.
 
@@ -120,11 +121,7 @@ def install_sigterm_handler() -> None:
     The previous handler runs afterwards: a callable is called, SIG_DFL terminates the
     process as before, SIG_IGN keeps ignoring the signal.
     """
-    global _installed
-    if _installed:
-        return
     chain_sigterm(kill_all)
-    _installed = True
 
 
 def chain_sigterm(cleanup: Callable[[], object]) -> None:

@@ -187,7 +187,7 @@ def test_sigterm_handler_kills_sandboxes_then_chains(
     original = signal.getsignal(signal.SIGTERM)
     called: list[int] = []
     results: list[process.SandboxResult] = []
-    monkeypatch.setattr(process, "_installed", False)
+    process.install_sigterm_handler.cache_clear()  # as in a process that never installed it
     try:
         signal.signal(signal.SIGTERM, lambda signum, frame: called.append(signum))
         process.install_sigterm_handler()
@@ -203,6 +203,7 @@ def test_sigterm_handler_kills_sandboxes_then_chains(
         thread.join(5)
     finally:
         signal.signal(signal.SIGTERM, original)
+        process.install_sigterm_handler.cache_clear()
     assert called == [signal.SIGTERM]
     assert results and results[0].killed_by == "shutdown"
 
