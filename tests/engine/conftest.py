@@ -7,13 +7,15 @@ lives in a private redis-server (one per session, flushed before each test), as 
 production, so the Lua scripts are the real ones. Every test here is marked `engine`.
 
 While this package runs, the process's settings read `CORTEX_REDIS_URL` (the private Redis),
-`CORTEX_MANIFESTS` (tests/manifests) and `CORTEX_WORKSPACE_ROOT` (a temp dir), and no other
-`CORTEX_*` variable; the cached settings, store and registry (`cortex_worker.handles`) are
+`CORTEX_MANIFESTS` (tests/manifests), `CORTEX_WORKSPACE_ROOT` (a temp dir) and
+`CORTEX_DOCUMENT_MODEL` (the fake model server's "documents", as in tests/integration), and no
+other `CORTEX_*` variable; the cached settings, store and registry (`cortex_worker.handles`) are
 dropped on the way in and out, so other test packages see their own again.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +61,9 @@ def engine_runtime(engine_redis: harness.RedisServer,
         patch.setenv("CORTEX_REDIS_URL", engine_redis.url)
         patch.setenv("CORTEX_MANIFESTS", str(MANIFESTS_DIR))
         patch.setenv("CORTEX_WORKSPACE_ROOT", str(tmp_path_factory.mktemp("engine-workspaces")))
+        # llm actions of documents answer from the fake model server under the name "documents"
+        patch.setenv("CORTEX_DOCUMENT_MODEL", json.dumps(
+            {"base_url": "${CORTEX_TEST_LLM_URL}", "model": "documents", "api_key_env": None}))
         handles.reset()
         try:
             yield

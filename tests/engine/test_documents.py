@@ -7,17 +7,24 @@ messages the engine sent (`broker.sent`).
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from cortex_worker.actions import dispatch
 from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.jobs.options import JobOptions
+from cortex_worker.protocol.document import load_document
 from cortex_worker.protocol.events import ACTION_TERMINAL
 from cortex_worker.store.state import Store
 from cortex_worker.testing import CANVAS, StubBroker
 from tests.engine.helpers import RoundTrips, action, events, of, one, status
+from tests.fake_llm import FakeLLM, Turn
+from tests.manifest_helpers import CORPUS
 
 READINESS = JobOptions(canvas=False)
+FAST = 5000.0  # tokens per second: a model's answer streams in a few milliseconds
 
 
 def actions_run(broker: StubBroker, job_id: str) -> list[str]:
@@ -352,3 +359,142 @@ def test_a_job_created_after_redis_lost_its_scripts_logs_its_events_once(
     assert status(store, job_id) == "queued"
     broker.join()
     assert status(store, job_id) == "completed"
+
+
+# ---------------------------------------------------------------- moved from tests/integration
+
+#: Corpus documents written for an agent whose manifest declares the feed `system_metrics`:
+#: submitted as a document it has no such feed, and updating it fails with a precise error.
+FAILS_AS_A_DOCUMENT = {
+    "mk1_05_internal_actions": (
+        "update_metrics_feed", "no context feed 'system_metrics'; add it with add_context_feed"),
+}
+
+
+@pytest.mark.parametrize("path", sorted(CORPUS.glob("*.xml")), ids=lambda p: p.stem)
+def test_corpus_documents_run(store: Store, broker: StubBroker, llm: FakeLLM,
+                              path: Path) -> None:
+    text = path.read_text()
+    for spec in load_document(text).actions:  # the agents it calls answer from the fake model
+        if spec.type.value == "agent":
+            llm.script(spec.name, [Turn(
+                text=f'<response final="true">{spec.name} looked at it</response>',
+                tokens_per_second=FAST)])
+        if spec.type.value == "llm":  # CORTEX_DOCUMENT_MODEL: model "documents"
+            llm.script("documents", [Turn(text="the model's answer", tokens_per_second=FAST)])
+    job_id = jobs.submit_document(store, text)
+    broker.join()
+    log = events(store, job_id)  # numbered 1, 2, 3 ... without a gap
+    failed_feeds = [w["data"] for w in of(log, "warning") if w["data"]["kind"] == "feed_failed"]
+    assert failed_feeds == []
+    if path.stem in FAILS_AS_A_DOCUMENT:
+        action_id, error = FAILS_AS_A_DOCUMENT[path.stem]
+        assert log[-1]["type"] == "job_failed", log[-1]
+        assert one(log, "action_failed", action_id)["error"] == error
+        return
+    assert log[-1]["type"] == "job_completed", (
+        log[-1], [e["data"] for e in log if e["type"] in ("action_failed", "warning")])
+    for spec in load_document(text).actions:
+        if spec.type.value == "agent":  # the child's final response is the action's value
+            assert one(log, "action_completed", spec.id)["result"] == f"{spec.name} looked at it"
+        if spec.type.value == "llm":
+            assert one(log, "action_completed", spec.id)["result"] == "the model's answer"
+    assert llm.remaining("documents") == 0
+
+
+def test_tools_document_renders_its_response(store: Store, broker: StubBroker) -> None:
+    doc = (action("search", "web_scraper", {"url": "https://example.com"})
+           + action("calc", "calculator", {"expression": "42 + 8"}, mode="sync",
+                    depends_on=["search"], output_key="total")
+           + "<response>The total is $total; the page was ${search.url}.</response>")
+    job_id = jobs.submit_document(store, doc)
+    broker.join()
+    log = events(store, job_id)
+    assert one(log, "action_completed", "calc")["result"] == 50
+    assert one(log, "response_end")["text"] == \
+        "The total is 50; the page was https://example.com."
+    assert log[-1]["type"] == "job_completed"
+    assert status(store, job_id) == "completed"
+
+
+def test_n_shape_starts_c_before_b_completes(store: Store, broker: StubBroker) -> None:
+    """C depends on A only, D on A and B: once A ends C is sent, while B still runs (waves
+    would hold C for B); D is sent only when both have ended."""
+    doc = (action("A", "echo", {"message": "a"}) + action("B", "echo", {"message": "b"})
+           + action("C", "echo", {"message": "c"}, depends_on=["A"])
+           + action("D", "echo", {"message": "d"}, depends_on=["A", "B"]))
+    job_id = jobs.submit_document(store, doc, options=READINESS)
+    broker.step()  # the start sends A and B
+    queued = {m.args[1]: m for m in broker.messages(dispatch.ACTION_TASK)}
+    assert set(queued) == {"A", "B"}
+    broker.run(queued["A"])  # A ends first: C is sent, D still waits for B
+    sent = {m.args[1]: m for m in broker.messages(dispatch.ACTION_TASK)}
+    assert set(sent) == {"B", "C"}
+    broker.run(sent["C"])  # C runs before B has ended
+    broker.join()
+    log = events(store, job_id)
+    assert log[-1]["type"] == "job_completed"
+    seq = {(e["type"], e["data"].get("action_id")): e["seq"] for e in log}
+    assert seq[("action_started", "C")] < seq[("action_completed", "B")]
+    assert seq[("action_started", "D")] > seq[("action_completed", "B")]
+    assert seq[("action_started", "D")] > seq[("action_completed", "A")]
+
+
+def test_failure_skips_dependents_unless_continue(store: Store, broker: StubBroker) -> None:
+    """A reference to a variable is a dependency too (`chained` and `rescue` name none)."""
+    doc = (action("bad", "fail", {"message": "boom"})
+           + action("after", "echo", {"message": "$bad"}, depends_on=["bad"])
+           + action("chained", "echo", {"message": "$after"})
+           + action("rescue", "echo", {"message": "$bad"}, on_error="continue"))
+    job_id = jobs.submit_document(store, doc)
+    broker.join()
+    log = events(store, job_id)
+    assert "boom" in one(log, "action_failed", "bad")["error"]
+    assert one(log, "action_skipped", "after")["reason"] == "dependency bad did not succeed"
+    assert one(log, "action_skipped", "chained")
+    rescued = one(log, "action_completed", "rescue")["result"]
+    assert rescued["status"] == "error" and "boom" in rescued["error"]
+    assert log[-1]["type"] == "job_failed"
+
+
+def test_retry_until_success(store: Store, broker: StubBroker) -> None:
+    job_id = jobs.submit_document(store, action("f", "flaky", {"key": "k1", "failures": 2},
+                                                retry=2))
+    broker.join()
+    log = events(store, job_id)
+    assert len(of(log, "action_retrying", "f")) == 2
+    assert [e["data"]["attempt"] for e in of(log, "action_started", "f")] == [1, 2, 3]
+    assert one(log, "action_completed", "f")
+    assert log[-1]["type"] == "job_completed"
+
+
+def test_canvas_and_readiness_give_the_same_results(store: Store, broker: StubBroker) -> None:
+    doc = (action("a", "echo", {"message": 1})
+           + action("b", "calculator", {"expression": "2*3"}, depends_on=["a"])
+           + action("c", "echo", {"message": "$a"})
+           + action("d", "echo", {"message": ["$b", "$c"]}))
+    results = {}
+    for canvas in (True, False):
+        job_id = jobs.submit_document(store, doc, options=JobOptions(canvas=canvas))
+        broker.join()
+        log = events(store, job_id)
+        assert log[-1]["type"] == "job_completed"
+        job = store.get_job(job_id)
+        assert job is not None and job.dispatch == ("canvas" if canvas else "readiness")
+        results[canvas] = (
+            {e["data"]["action_id"]: e["data"]["result"] for e in of(log, "action_completed")},
+            sorted(e["type"] for e in log),
+        )
+    assert results[True][0] == results[False][0] == {"a": 1, "b": 6, "c": 1, "d": [6, 1]}
+    assert results[True][1] == results[False][1]
+
+
+def test_timeout_kills_the_action(store: Store, broker: StubBroker) -> None:
+    doc = action("slow", "python", {"code": "import time\ntime.sleep(120)"}, timeout=1)
+    started = time.monotonic()
+    job_id = jobs.submit_document(store, doc)
+    broker.join()
+    log = events(store, job_id)
+    assert one(log, "action_failed", "slow")["status"] == "timeout"
+    assert time.monotonic() - started < 60  # the timeout ended it, not the two minutes' sleep
+    assert log[-1]["type"] == "job_failed"

@@ -1,18 +1,23 @@
-"""Protocol documents run end to end: API → Redis → Celery pools → event log → SSE."""
+"""Protocol documents over the wire: API → Redis → Celery pools → event log → SSE.
+
+What a document job does (results, events, statuses) is tested in-process, in
+tests/engine/test_documents.py; here are what needs real workers (a revoke of a running
+action) and the API's own answers (SSE resumption, 422, 413, 404). The helpers `submit`,
+`follow`, `run`, `of`, `one` and `action` are shared by other integration tests."""
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.manifest_helpers import CORPUS
-
-TERMINAL = {"job_completed", "job_failed", "job_cancelled"}
+from cortex_api.client import Client, Conflict
+from cortex_api.models import JobOptions
+from tests import harness
 
 
 def submit(api: Any, protocol: str, **options: Any) -> httpx.Response:
@@ -68,140 +73,35 @@ def api(workers: Any, api: Any) -> Any:  # every test here needs the pools runni
     return api
 
 
-FAILS_AS_A_DOCUMENT = {
-    # written for an agent whose manifest declares the feed `system_metrics`: submitted as a
-    # document it has no such feed, and updating it fails with a precise error
-    "mk1_05_internal_actions": (
-        "update_metrics_feed", "no context feed 'system_metrics'; add it with add_context_feed"),
-}
+@pytest.fixture
+def client(api: Any) -> Iterator[Client]:
+    with Client(api.url) as cortex:
+        yield cortex
 
 
-@pytest.mark.parametrize("path", sorted(CORPUS.glob("*.xml")), ids=lambda p: p.stem)
-def test_corpus_documents_run(api: Any, path: Path, fake_llm: Any) -> None:
-    from cortex_worker.protocol.document import load_document
-    from tests.fake_llm import Turn
-
-    text = path.read_text()
-    for spec in load_document(text).actions:  # the agents it calls answer from the fake model
-        if spec.type.value == "agent":
-            fake_llm.script(spec.name, [Turn(
-                text=f'<response final="true">{spec.name} looked at it</response>',
-                tokens_per_second=2000)])
-        if spec.type.value == "llm":  # CORTEX_DOCUMENT_MODEL: model "documents"
-            fake_llm.script("documents", [Turn(text="the model's answer",
-                                               tokens_per_second=2000)])
-    response = submit(api, text)
-    assert response.status_code == 202, response.text
-    events = follow(api, response.json()["id"])
-    failed_feeds = [w["data"] for w in of(events, "warning") if w["data"]["kind"] == "feed_failed"]
-    assert failed_feeds == []
-    if path.stem in FAILS_AS_A_DOCUMENT:
-        action_id, error = FAILS_AS_A_DOCUMENT[path.stem]
-        assert events[-1]["type"] == "job_failed", events[-1]
-        assert one(events, "action_failed", action_id)["data"]["error"] == error
-        return
-    assert events[-1]["type"] == "job_completed", (
-        events[-1], [e["data"] for e in events if e["type"] in ("action_failed", "warning")])
-    seqs = [e["seq"] for e in events]
-    assert seqs == list(range(1, len(seqs) + 1))
-    for spec in load_document(text).actions:
-        if spec.type.value == "agent":  # the child's final response is the action's value
-            done = one(events, "action_completed", spec.id)["data"]["result"]
-            assert done == f"{spec.name} looked at it"
-        if spec.type.value == "llm":
-            done = one(events, "action_completed", spec.id)["data"]["result"]
-            assert done == "the model's answer"
-    assert fake_llm.remaining("documents") == 0
-
-
-def test_tools_document_renders_its_response(api: Any) -> None:
-    doc = (action("search", "web_scraper", {"url": "https://example.com"})
-           + action("calc", "calculator", {"expression": "42 + 8"}, mode="sync",
-                    depends_on=["search"], output_key="total")
-           + "<response>The total is $total; the page was ${search.url}.</response>")
-    job_id, events = run(api, doc)
-    assert one(events, "action_completed", "calc")["data"]["result"] == 50
-    end = one(events, "response_end")["data"]
-    assert end["text"] == "The total is 50; the page was https://example.com."
-    assert events[-1]["type"] == "job_completed"
-    job = httpx.get(f"{api.url}/v1/jobs/{job_id}").json()
-    assert job["status"] == "completed"
-
-
-def test_n_shape_starts_c_before_b_completes(api: Any) -> None:
-    # A=0.05 s, B=0.3 s, C=0.3 s after A, D=0.05 s after A and B. Waves would hold C for B.
-    doc = (action("A", "sleep", {"seconds": 0.05}) + action("B", "sleep", {"seconds": 0.3})
-           + action("C", "sleep", {"seconds": 0.3}, depends_on=["A"])
-           + action("D", "sleep", {"seconds": 0.05}, depends_on=["A", "B"]))
-    _, events = run(api, doc)
-    assert events[-1]["type"] == "job_completed"
-    seq = {(e["type"], e["data"].get("action_id")): e["seq"] for e in events}
-    assert seq[("action_started", "C")] < seq[("action_completed", "B")]
-    assert seq[("action_started", "D")] > seq[("action_completed", "B")]
-    assert seq[("action_started", "D")] > seq[("action_completed", "A")]
-
-
-def test_failure_skips_dependents_unless_continue(api: Any) -> None:
-    doc = (action("bad", "fail", {"message": "boom"})
-           + action("after", "echo", {"message": "$bad"}, depends_on=["bad"])
-           + action("chained", "echo", {"message": "$after"})
-           + action("rescue", "echo", {"message": "$bad"}, on_error="continue"))
-    _job_id, events = run(api, doc)
-    assert "boom" in one(events, "action_failed", "bad")["data"]["error"]
-    assert one(events, "action_skipped", "after")["data"]["reason"] == "dependency bad did not succeed"
-    assert one(events, "action_skipped", "chained")
-    rescued = one(events, "action_completed", "rescue")["data"]["result"]
-    assert rescued["status"] == "error" and "boom" in rescued["error"]
-    assert events[-1]["type"] == "job_failed"
-
-
-def test_retry_until_success(api: Any) -> None:
-    doc = action("f", "flaky", {"key": "k1", "failures": 2}, retry=2)
-    _, events = run(api, doc)
-    assert len(of(events, "action_retrying", "f")) == 2
-    assert [e["data"]["attempt"] for e in of(events, "action_started", "f")] == [1, 2, 3]
-    assert one(events, "action_completed", "f")
-    assert events[-1]["type"] == "job_completed"
-
-
-def test_timeout_kills_the_action(api: Any) -> None:
-    doc = action("slow", "python", {"code": "import time\ntime.sleep(120)"}, timeout=1)
-    started = time.monotonic()
-    _, events = run(api, doc)
-    failed = one(events, "action_failed", "slow")["data"]
-    assert failed["status"] == "timeout"
-    assert time.monotonic() - started < 60  # the timeout ended it, not the two minutes' sleep
-    assert events[-1]["type"] == "job_failed"
-
-
-def test_cancel_revokes_running_and_queued(api: Any) -> None:
+def test_cancel_revokes_running_and_queued(client: Client) -> None:
     doc = (action("long", "sleep", {"seconds": 30})
            + action("next", "echo", {"message": "$long"}))
-    response = submit(api, doc)
-    job_id = response.json()["id"]
-    follow(api, job_id, limit=1)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        actions = httpx.get(f"{api.url}/v1/jobs/{job_id}").json()["actions"]
-        if any(a["status"] == "running" for a in actions):
-            break
-        time.sleep(0.05)
-    cancel = httpx.post(f"{api.url}/v1/jobs/{job_id}/cancel")
-    assert cancel.status_code in (200, 202), cancel.text
-    events = follow(api, job_id)
-    assert events[-1]["type"] == "job_cancelled"
-    job = httpx.get(f"{api.url}/v1/jobs/{job_id}").json()
-    assert job["status"] == "cancelled"
-    assert {a["status"] for a in job["actions"]} == {"cancelled"}
-    assert httpx.post(f"{api.url}/v1/jobs/{job_id}/cancel").status_code == 409
+    job_id = client.submit_document(doc).id
+    harness.wait_until(lambda: any(a.status == "running"
+                                   for a in client.get_job(job_id).actions), timeout=20)
+    client.cancel(job_id)
+    job = client.wait(job_id, timeout=60)
+    assert [e.type for e in client.events(job_id)][-1] == "job_cancelled"
+    assert job.status == "cancelled"
+    assert {a.status for a in job.actions} == {"cancelled"}
+    with pytest.raises(Conflict):  # 409: it has ended
+        client.cancel(job_id)
 
 
-def test_fail_fast_ends_the_job_at_the_first_failure(api: Any) -> None:
+def test_fail_fast_ends_the_job_at_the_first_failure(client: Client) -> None:
+    """`long` runs in a worker when `bad` fails: the job ends without waiting for it."""
     doc = action("bad", "fail", {"message": "nope"}) + action("long", "sleep", {"seconds": 120})
     started = time.monotonic()
-    _, events = run(api, doc, fail_fast=True)
-    assert events[-1]["type"] == "job_failed"
-    assert "fail_fast" in events[-1]["data"]["reason"]
+    job_id = client.submit_document(doc, options=JobOptions(fail_fast=True)).id
+    last = list(client.events(job_id, timeout=60))[-1]
+    assert last.type == "job_failed"
+    assert "fail_fast" in last.data["reason"]
     assert time.monotonic() - started < 60  # it ended at the failure, not after the sleep
 
 
@@ -213,24 +113,6 @@ def test_sse_resume_delivers_every_event_once(api: Any) -> None:
     assert [e["seq"] for e in events[:cut] + resumed] == [e["seq"] for e in events]
     again = httpx.get(f"{api.url}/v1/jobs/{job_id}/events?after={events[-3]['seq']}", timeout=30)
     assert again.text.count("\nevent: ") + again.text.startswith("event: ") >= 1
-
-
-def test_canvas_and_readiness_give_the_same_results(api: Any) -> None:
-    doc = (action("a", "echo", {"message": 1}) + action("b", "calculator", {"expression": "2*3"},
-                                                         depends_on=["a"])
-           + action("c", "echo", {"message": "$a"}) + action("d", "echo", {"message": ["$b", "$c"]}))
-    results = {}
-    for canvas in (True, False):
-        job_id, events = run(api, doc, canvas=canvas)
-        assert events[-1]["type"] == "job_completed"
-        job = httpx.get(f"{api.url}/v1/jobs/{job_id}").json()
-        results[canvas] = (
-            job.get("dispatch"),
-            {e["data"]["action_id"]: e["data"]["result"] for e in of(events, "action_completed")},
-            sorted(e["type"] for e in events),
-        )
-    assert results[True][1] == results[False][1] == {"a": 1, "b": 6, "c": 1, "d": [6, 1]}
-    assert results[True][2] == results[False][2]
 
 
 @pytest.mark.parametrize(("body", "kind"), [
