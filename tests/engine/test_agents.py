@@ -480,3 +480,34 @@ def test_a_turn_that_waited_in_place_still_stops_at_max_turns(store: Store, brok
     assert job is not None and job.status == "failed", job
     assert "max_turns (4)" in job.error
     assert len(llm.requests(model)) == 4
+
+
+# ---------------------------------------------------------------- moved from tests/integration
+
+
+def test_a_failing_model_is_asked_max_retries_plus_one_times(store: Store, broker: StubBroker,
+                                                             llm: FakeLLM) -> None:
+    model = f"engine-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [Turn(fail_status=500, error_message="backend down")] * 8)
+    job_id = jobs.submit_agent(store, "retrier", "go",  # max_retries: 2
+                               options=JobOptions(model=model))
+    broker.join()
+    log = events(store, job_id)
+    assert log[-1]["type"] == "job_failed"
+    assert "3 attempts made; max_retries is 2" in log[-1]["data"]["error"]
+    assert len(llm.requests(model)) == 3
+    assert of(log, "warning") == []  # no turn restart: nothing streamed
+
+
+def test_a_stream_that_breaks_after_output_restarts_the_turn_once(
+        store: Store, broker: StubBroker, llm: FakeLLM) -> None:
+    model = f"engine-{uuid.uuid4().hex[:8]}"
+    broken = Turn(text="<thought>a long enough thought to break</thought>", fail_after_chars=12)
+    llm.script(model, [broken, broken, broken])
+    job_id = jobs.submit_agent(store, "retrier", "go", options=JobOptions(model=model))
+    broker.join()
+    log = events(store, job_id)
+    assert log[-1]["type"] == "job_failed"
+    assert "restarted 1 time(s)" in log[-1]["data"]["error"]
+    assert len(llm.requests(model)) == 2
+    assert [e["data"]["kind"] for e in of(log, "warning")] == ["model_retry"]

@@ -1,25 +1,29 @@
-"""Agent jobs stop promptly when cancelled, or when their wall time runs out, mid-generation;
-a model that keeps failing is asked no more often than its retry budget allows."""
+"""Agent jobs stop promptly when cancelled, or when their wall time runs out, mid-generation,
+with real workers streaming from the fake model while the API cancels.
+
+How often a failing model is asked (the retry budget) is tested in-process, in
+tests/engine/test_agents.py."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import pytest
 
+from cortex_api.client import Client, NotFound
+from cortex_api.models import JobOptions
 from cortex_worker.jobs.lifecycle import child_job_id
+from cortex_worker.protocol.events import Event
 from tests import harness
 from tests.fake_llm import FakeLLM, Turn
 from tests.integration.test_agents import (
     act,
     api,  # noqa: F401  (fixture)
-    finish,
     llm,  # noqa: F401  (fixture)
-    start,
     unique,
-    view,
 )
 
 TERMINAL = {"ok", "error", "timeout", "skipped", "cancelled"}
@@ -29,23 +33,40 @@ NOTHING_NEW = {"action_parsed", "action_queued", "action_started", "action_retry
                "thought_chunk", "response_chunk", "text", "turn_started", "child_job"}
 
 
+@pytest.fixture
+def client(api: Any) -> Iterator[Client]:  # noqa: F811
+    with Client(api.url) as cortex:
+        yield cortex
+
+
+def start(client: Client, agent: str, model: str) -> str:
+    return client.submit_agent(agent, "go", options=JobOptions(model=model)).id
+
+
+def finish(client: Client, job_id: str, timeout: float) -> list[Event]:
+    """The job's whole event log once it has ended, checked to be numbered without a gap."""
+    events = list(client.events(job_id, timeout=timeout))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    return events
+
+
 def long_thought(seconds: float, rate: float = 40) -> Turn:
     words = "thinking about it some more " * int(seconds * rate * 4 / 28 + 1)
     return Turn(text=f"<thought>{words}</thought>", tokens_per_second=rate)
 
 
-def test_cancel_stops_the_generation(api: Any, llm: FakeLLM) -> None:  # noqa: F811
+def test_cancel_stops_the_generation(client: Client, llm: FakeLLM) -> None:  # noqa: F811
     model = unique("cancel")
     llm.script(model, [long_thought(120)])
-    job_id = start(api, "tester", "go", model=model)
-    httpx_deadline = time.monotonic() + 10
-    while not llm.stream_log(model) and time.monotonic() < httpx_deadline:
+    job_id = start(client, "tester", model)
+    streaming_by = time.monotonic() + 10
+    while not llm.stream_log(model) and time.monotonic() < streaming_by:
         time.sleep(0.05)
     time.sleep(0.5)
     cancelled_at = time.monotonic()
-    assert httpx.post(f"{api.url}/v1/jobs/{job_id}/cancel").status_code == 200
-    events = finish(api, job_id, timeout=15)
-    assert events[-1]["type"] == "job_cancelled"
+    client.cancel(job_id)
+    events = finish(client, job_id, timeout=15)
+    assert events[-1].type == "job_cancelled"
     # the coordinator noticed within its status-check period and hung up on the model
     deadline = time.monotonic() + 30
     while llm.outcomes(model)[-1] == "streaming" and time.monotonic() < deadline:
@@ -54,14 +75,15 @@ def test_cancel_stops_the_generation(api: Any, llm: FakeLLM) -> None:  # noqa: F
     assert time.monotonic() - cancelled_at < 60  # hung up, not read to the end (two minutes)
 
 
-def test_a_generation_past_the_wall_time_fails_the_job(api: Any, llm: FakeLLM) -> None:  # noqa: F811
+def test_a_generation_past_the_wall_time_fails_the_job(client: Client,
+                                                       llm: FakeLLM) -> None:  # noqa: F811
     model = unique("slow")
     llm.script(model, [long_thought(120)])
     started = time.monotonic()
-    job_id = start(api, "hasty", "go", model=model)  # max_wall_time_s: 2
-    events = finish(api, job_id, timeout=60)
-    assert events[-1]["type"] == "job_failed"
-    assert "wall time limit (2 s)" in events[-1]["data"]["error"]
+    job_id = start(client, "hasty", model)  # max_wall_time_s: 2
+    events = finish(client, job_id, timeout=60)
+    assert events[-1].type == "job_failed"
+    assert "wall time limit (2 s)" in events[-1].data["error"]
     assert time.monotonic() - started < 60  # the limit ended it, not the two minutes' thought
 
 
@@ -72,27 +94,28 @@ def thinking_with_actions(count: int, rate: float = 40) -> Turn:
     return Turn(text="<thought>" + "".join(parts) + "</thought>", tokens_per_second=rate)
 
 
-def wait_for_actions(server: Any, job_id: str, count: int) -> None:
-    harness.wait_until(lambda: len(view(server, job_id)["actions"]) >= count, timeout=15,
+def wait_for_actions(client: Client, job_id: str, count: int) -> None:
+    harness.wait_until(lambda: len(client.get_job(job_id).actions) >= count, timeout=15,
                        interval=0.02, message=f"job {job_id} never had {count} actions")
 
 
-def assert_cancelled_completely(server: Any, job_id: str, events: list[dict[str, Any]]) -> None:
+def assert_cancelled_completely(client: Client, job_id: str, events: list[Event]) -> None:
     """Nothing new after `job_cancelled`; every action ended, once, in events and record."""
-    cancelled = next(e["seq"] for e in events if e["type"] == "job_cancelled")
-    late = [e for e in events if e["seq"] > cancelled and e["type"] in NOTHING_NEW]
+    cancelled = next(e.seq for e in events if e.type == "job_cancelled")
+    late = [e for e in events if e.seq > cancelled and e.type in NOTHING_NEW]
     assert late == [], f"logged after job_cancelled: {late}"
-    job = view(server, job_id)
-    assert job["status"] == "cancelled"
-    assert {a["id"]: a["status"] for a in job["actions"] if a["status"] not in TERMINAL} == {}
-    queued = {e["data"]["action_id"] for e in events if e["type"] == "action_queued"}
-    ended = [e["data"]["action_id"] for e in events if e["type"] in
+    job = client.get_job(job_id)
+    assert job.status == "cancelled"
+    assert {a.id: a.status for a in job.actions if a.status not in TERMINAL} == {}
+    queued = {e.data["action_id"] for e in events if e.type == "action_queued"}
+    ended = [e.data["action_id"] for e in events if e.type in
              {"action_completed", "action_failed", "action_skipped", "action_cancelled"}]
     assert sorted(ended) == sorted(set(ended)) and queued <= set(ended)
-    assert {a["id"] for a in job["actions"]} == set(ended)
+    assert {a.id for a in job.actions} == set(ended)
 
 
-def test_cancel_mid_stream_is_immediate_and_complete(api: Any, llm: FakeLLM) -> None:  # noqa: F811
+def test_cancel_mid_stream_is_immediate_and_complete(client: Client,
+                                                     llm: FakeLLM) -> None:  # noqa: F811
     """The server holds its stream just past the second action until the job is cancelled,
     then streams on at 40 tokens a second: the turn hangs up on the model within its status
     check, well before another second's worth of tokens (counted from the release, so how
@@ -104,12 +127,12 @@ def test_cancel_mid_stream_is_immediate_and_complete(api: Any, llm: FakeLLM) -> 
     release = threading.Event()
     script.holds = {held: release}
     llm.script(model, [script])
-    job_id = start(api, "tester", "go", model=model)
-    wait_for_actions(api, job_id, 2)
-    assert httpx.post(f"{api.url}/v1/jobs/{job_id}/cancel", timeout=10).status_code == 200
-    events = finish(api, job_id, timeout=30)
-    assert_cancelled_completely(api, job_id, events)
-    assert {a["status"] for a in view(api, job_id)["actions"]} == {"cancelled"}
+    job_id = start(client, "tester", model)
+    wait_for_actions(client, job_id, 2)
+    client.cancel(job_id)
+    events = finish(client, job_id, timeout=30)
+    assert_cancelled_completely(client, job_id, events)
+    assert {a.status for a in client.get_job(job_id).actions} == {"cancelled"}
     release.set()  # the job ended while the model was held
     deadline = time.monotonic() + 30
     while llm.outcomes(model)[-1] == "streaming" and time.monotonic() < deadline:
@@ -119,43 +142,29 @@ def test_cancel_mid_stream_is_immediate_and_complete(api: Any, llm: FakeLLM) -> 
     assert len(log) - (held + 1) < 40, f"{len(log) - held - 1} chunks written after the cancel"
 
 
-def test_cancel_reaches_a_streaming_child_agent(api: Any, llm: FakeLLM) -> None:  # noqa: F811
+def exists(client: Client, job_id: str) -> bool:
+    try:
+        client.get_job(job_id)
+    except NotFound:
+        return False
+    return True
+
+
+def test_cancel_reaches_a_streaming_child_agent(client: Client,
+                                                llm: FakeLLM) -> None:  # noqa: F811
     model = unique("cancel-parent")
     child = act("kid", "helper", {"input": "think"}, mode="async", kind="agent")
     llm.script(model, [Turn(text=f"<thought>{child}" + "still going " * 400 + "</thought>",
                             tokens_per_second=40)])
     llm.script("helper", [thinking_with_actions(30)])
-    job_id = start(api, "tester", "go", model=model)
+    job_id = start(client, "tester", model)
     child_id = child_job_id(job_id, "kid")  # the one child of that action
-    harness.wait_until(lambda: httpx.get(f"{api.url}/v1/jobs/{child_id}", timeout=10)
-                       .status_code == 200, timeout=15, message="the child job never started")
-    wait_for_actions(api, child_id, 1)
-    assert httpx.post(f"{api.url}/v1/jobs/{job_id}/cancel", timeout=10).status_code == 200
-    assert_cancelled_completely(api, job_id, finish(api, job_id, timeout=15))
-    assert_cancelled_completely(api, child_id, finish(api, child_id, timeout=15))
+    harness.wait_until(lambda: exists(client, child_id), timeout=15,
+                       message="the child job never started")
+    wait_for_actions(client, child_id, 1)
+    client.cancel(job_id)
+    assert_cancelled_completely(client, job_id, finish(client, job_id, timeout=15))
+    assert_cancelled_completely(client, child_id, finish(client, child_id, timeout=15))
     harness.wait_until(lambda: "streaming" not in llm.outcomes("helper"), timeout=5,
                        message="the child's model stream stayed open")
     assert llm.remaining("helper") == 0
-
-
-def test_a_failing_model_is_asked_max_retries_plus_one_times(api: Any, llm: FakeLLM) -> None:  # noqa: F811
-    model = unique("down")
-    llm.script(model, [Turn(fail_status=500, error_message="backend down")] * 8)
-    job_id = start(api, "retrier", "go", model=model)  # max_retries: 2
-    events = finish(api, job_id, timeout=30)
-    assert events[-1]["type"] == "job_failed"
-    assert "3 attempts made; max_retries is 2" in events[-1]["data"]["error"]
-    assert len(llm.requests(model)) == 3
-    assert not [e for e in events if e["type"] == "warning"]  # no turn restart: nothing streamed
-
-
-def test_a_stream_that_breaks_after_output_restarts_the_turn_once(api: Any, llm: FakeLLM) -> None:  # noqa: F811
-    model = unique("broken")
-    broken = Turn(text="<thought>a long enough thought to break</thought>", fail_after_chars=12)
-    llm.script(model, [broken, broken, broken])
-    job_id = start(api, "retrier", "go", model=model)
-    events = finish(api, job_id, timeout=30)
-    assert events[-1]["type"] == "job_failed"
-    assert "restarted 1 time(s)" in events[-1]["data"]["error"]
-    assert len(llm.requests(model)) == 2
-    assert [e["data"]["kind"] for e in events if e["type"] == "warning"] == ["model_retry"]
