@@ -9,7 +9,7 @@ from cortex_worker.jobs import lifecycle
 from cortex_worker.jobs.options import JobOptions
 from cortex_worker.store.state import Store
 from cortex_worker.testing import StubBroker
-from tests.engine.helpers import action, status
+from tests.engine.helpers import action, events, of, one, status
 
 pytestmark = pytest.mark.engine
 
@@ -36,3 +36,37 @@ def test_a_second_delivery_leaves_the_slot_of_the_one_that_runs_the_action(
     assert store.slots_in_use("rate_limited") == 1  # still the first delivery's
     assert status(store, job_id) == "running"
     store.give_slot("rate_limited", holder, LIMIT)
+
+
+def test_calls_past_the_limit_wait_without_a_message_and_each_runs_once(
+        store: Store, broker: StubBroker) -> None:
+    """Every slot is held by calls elsewhere: each call's delivery returns at once, leaving
+    a place in line and no message (no worker slot waits); when a slot frees, the calls in
+    line are sent one by one through it, never more at once than the limit."""
+    elsewhere = [f"elsewhere:{i}" for i in range(LIMIT)]
+    for holder in elsewhere:
+        assert store.take_slot("rate_limited", holder, LIMIT, 60, None)
+    doc = "".join(action(f"r{i}", "rate_limited", {"seconds": 0}) for i in range(4))
+    job_id = lifecycle.submit_document(store, doc,
+                                       options=JobOptions(canvas=False, max_parallel=100))
+    broker.join()
+    calls = [m for m in broker.ran if m.name == dispatch.ACTION_TASK]
+    assert [(m.args[1], m.value) for m in calls] == [(f"r{i}", "throttled") for i in range(4)]
+    assert broker.messages() == []
+    assert of(events(store, job_id), "action_started") == []
+    assert status(store, job_id) == "running"
+
+    # one call elsewhere ends and gives its slot back: the first call in line is sent
+    (first,) = store.give_slot("rate_limited", elsewhere[0], LIMIT)
+    dispatch.send(first["job_id"], [first["spec"]])
+    while broker.step() is not None:
+        assert store.slots_in_use("rate_limited") <= LIMIT
+    assert status(store, job_id) == "completed"
+    log = events(store, job_id)
+    for i in range(4):  # each ran once, in the order it was in line
+        assert one(log, "action_started", f"r{i}")["attempt"] == 1
+        assert one(log, "action_completed", f"r{i}")
+    assert [e["data"]["action_id"] for e in of(log, "action_started")] == [
+        f"r{i}" for i in range(4)]
+    assert store.slots_in_use("rate_limited") == 1  # the one still held elsewhere
+    assert store.give_slot("rate_limited", elsewhere[1], LIMIT) == []
