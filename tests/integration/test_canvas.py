@@ -1,38 +1,58 @@
 """Canvas dispatch: steps are `cortex.action` tasks, and a step whose action another delivery
-holds waits for it without a worker slot (it retries itself) and without moving its chain on."""
+holds waits for it without a worker slot (it retries itself) and without moving its chain on.
+
+Both need real workers: a step's wait is a Celery retry with a countdown, held by a worker's
+consumer (the stub broker has no retries: `task.retry` raises out of `join`)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 import redis
 
+from cortex_api.client import Client
+from cortex_api.models import JobOptions
+from cortex_worker.protocol.events import Event
 from cortex_worker.store.keys import job_keys
 from cortex_worker.store.state import Store
 from tests import harness
-from tests.integration.test_documents import action, follow, of, one, submit
+from tests.integration.test_documents import action
 
 WAITING = "a"  # the action whose lease the tests hold from outside
 HOLDER = "elsewhere:1"  # ... as this worker process of another host
 
 
 @pytest.fixture
-def api(workers: Any, api: Any) -> Any:  # every test here needs the pools running
-    return api
+def client(workers: Any, api: Any) -> Iterator[Client]:  # the pools must run
+    with Client(api.url) as cortex:
+        yield cortex
 
 
-def start(api: Any, protocol: str, **options: Any) -> str:
-    response = submit(api, protocol, **options)
-    assert response.status_code == 202, response.text
-    return response.json()["id"]
+def start(client: Client, protocol: str, *, canvas: bool) -> str:
+    return client.submit_document(protocol, options=JobOptions(canvas=canvas)).id
 
 
-def status_of(api: Any, job_id: str, action_id: str) -> str | None:
-    actions = httpx.get(f"{api.url}/v1/jobs/{job_id}", timeout=10).json().get("actions") or []
-    return next((a["status"] for a in actions if a["id"] == action_id), None)
+def status_of(client: Client, job_id: str, action_id: str) -> str | None:
+    return next((a.status for a in client.get_job(job_id).actions if a.id == action_id), None)
+
+
+def follow(client: Client, job_id: str) -> list[Event]:
+    """The job's whole event log, read until its last event."""
+    return list(client.events(job_id, timeout=60))
+
+
+def of(events: list[Event], kind: str, action_id: str | None = None) -> list[Event]:
+    return [e for e in events if e.type == kind
+            and (action_id is None or e.data.get("action_id") == action_id)]
+
+
+def one(events: list[Event], kind: str, action_id: str | None = None) -> Event:
+    found = of(events, kind, action_id)
+    assert len(found) == 1, (kind, action_id, [e.type for e in events])
+    return found[0]
 
 
 def waiting_steps(control: Any) -> tuple[set[str], set[str]]:
@@ -49,18 +69,18 @@ def hold(client: redis.Redis, job_id: str, until: float) -> None:
     client.hset(job_keys(job_id).lease, WAITING, f"{HOLDER}|{until!r}")
 
 
-def started_once(events: list[dict[str, Any]], *action_ids: str) -> dict[str, float]:
+def started_once(events: list[Event], *action_ids: str) -> dict[str, float]:
     """Each action started exactly once: when (from the event log)."""
-    return {a: one(events, "action_started", a)["ts"] for a in action_ids}
+    return {a: one(events, "action_started", a).ts for a in action_ids}
 
 
-def test_busy_canvas_step_waits_without_a_worker_slot(api: Any, redis_client: redis.Redis,
+def test_busy_canvas_step_waits_without_a_worker_slot(client: Client, redis_client: redis.Redis,
                                                       cortex_env: dict[str, str]) -> None:
     doc = (action("s", "sleep", {"seconds": 0.3})
            + action(WAITING, "echo", {"message": "$s"}, depends_on=["s"])
            + action("b", "echo", {"message": "$a"}, depends_on=[WAITING]))
-    job_id = start(api, doc, canvas=True)
-    harness.wait_until(lambda: status_of(api, job_id, "s") == "running", timeout=20,
+    job_id = start(client, doc, canvas=True)
+    harness.wait_until(lambda: status_of(client, job_id, "s") == "running", timeout=20,
                        interval=0.02)
     # Another delivery holds `a`: a live lease of a worker on another host, whose heartbeat is
     # live too (a holder without one is taken over at once). It is held until the rest of
@@ -81,33 +101,34 @@ def test_busy_canvas_step_waits_without_a_worker_slot(api: Any, redis_client: re
     # 0.1 s after the first had ended; a pool process's first call of a tool also starts
     # that tool's runner, which may be the cause.)
     wide = "".join(action(f"p{i}", "sleep", {"seconds": 1.5}) for i in range(4))
-    wide_id = start(api, wide, canvas=False)
-    wide_events = follow(api, wide_id)
-    assert wide_events[-1]["type"] == "job_completed"
+    wide_id = start(client, wide, canvas=False)
+    wide_events = follow(client, wide_id)
+    assert wide_events[-1].type == "job_completed"
     starts = started_once(wide_events, *[f"p{i}" for i in range(4)])
-    ends = [e["ts"] for e in of(wide_events, "action_completed")]
+    ends = [e.ts for e in of(wide_events, "action_completed")]
     assert max(starts.values()) < min(ends), (starts, ends)
-    assert status_of(api, job_id, WAITING) != "running"  # all of it while `a` still waited
+    assert status_of(client, job_id, WAITING) != "running"  # all of it while `a` still waited
 
     until = time.time() + 0.5  # the other holder lets go
     hold(redis_client, job_id, until)
 
-    events = follow(api, job_id)
-    assert events[-1]["type"] == "job_completed"
+    events = follow(client, job_id)
+    assert events[-1].type == "job_completed"
     assert len(of(events, "job_completed")) == 1
     started = started_once(events, "s", WAITING, "b")
     assert started[WAITING] >= until  # it ran once the other holder's lease had ended
-    assert one(events, "action_started", WAITING)["data"]["attempt"] == 1
+    assert one(events, "action_started", WAITING).data["attempt"] == 1
     # the chain did not move on before `a` had ended
-    assert started["b"] >= one(events, "action_completed", WAITING)["ts"]
-    assert one(events, "action_completed", "b")["data"]["status"] == "ok"
+    assert started["b"] >= one(events, "action_completed", WAITING).ts
+    assert one(events, "action_completed", "b").data["status"] == "ok"
 
 
-def test_duplicate_canvas_step_runs_its_action_once(api: Any, cortex_env: dict[str, str]) -> None:
+def test_duplicate_canvas_step_runs_its_action_once(client: Client,
+                                                    cortex_env: dict[str, str]) -> None:
     doc = (action(WAITING, "sleep", {"seconds": 1.0})
            + action("b", "echo", {"message": "after"}, depends_on=[WAITING]))
-    job_id = start(api, doc, canvas=True)
-    harness.wait_until(lambda: status_of(api, job_id, WAITING) == "running", timeout=20,
+    job_id = start(client, doc, canvas=True)
+    harness.wait_until(lambda: status_of(client, job_id, WAITING) == "running", timeout=20,
                        interval=0.02)
     # Deliver the rest of the chain again while `a` runs (as the broker does after a lost
     # connection): the copy of `a` finds it held, waits, then finds it done and passes on.
@@ -120,16 +141,16 @@ def test_duplicate_canvas_step_runs_its_action_once(api: Any, cortex_env: dict[s
     step = f"{job_id}:{WAITING}"
     harness.wait_until(lambda: step in waiting_steps(control)[0], timeout=10, interval=0.05)
 
-    events = follow(api, job_id)
-    assert events[-1]["type"] == "job_completed"
+    events = follow(client, job_id)
+    assert events[-1].type == "job_completed"
     # The copy comes back when its look-again delay (at most 5 s) has passed, finds `a`
     # recorded and sends its copy of `b`, which finds `b` recorded too.
     harness.wait_until(lambda: not ({step, f"{job_id}:b"} & set().union(*waiting_steps(control))),
                        timeout=15, interval=0.2)
     time.sleep(0.5)  # a re-run would log action_started within milliseconds
-    later = httpx.get(f"{api.url}/v1/jobs/{job_id}/events?after=0", timeout=20).text
-    assert later.count("event: action_started") == 2
-    assert later.count("event: job_completed") == 1
-    job = httpx.get(f"{api.url}/v1/jobs/{job_id}").json()
-    assert job["status"] == "completed"
-    assert [a["attempts"] for a in job["actions"]] == [1, 1]
+    later = follow(client, job_id)
+    assert len(of(later, "action_started")) == 2
+    assert len(of(later, "job_completed")) == 1
+    job = client.get_job(job_id)
+    assert job.status == "completed"
+    assert [a.attempts for a in job.actions] == [1, 1]
