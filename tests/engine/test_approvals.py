@@ -67,6 +67,9 @@ def test_a_rejected_action_fails_with_the_reason_and_its_dependents_are_skipped(
                                 reason="not on a Friday") == "rejected"
     broker.join()
     log = events(store, job_id)
+    kinds = [e["type"] for e in log]
+    assert kinds.index("approval_requested") < kinds.index("action_rejected") \
+        < kinds.index("action_failed")
     assert one(log, "action_rejected", "d")["reason"] == "not on a Friday"
     assert one(log, "action_failed", "d")["error"] == "rejected by ops: not on a Friday"
     assert action_status(store, job_id, "after") == "skipped"
