@@ -1,8 +1,9 @@
-"""Agent jobs stop promptly when cancelled mid-generation, with real workers streaming from
-the fake model while the API cancels.
+"""Agent jobs stop promptly when cancelled, or when their wall time runs out, mid-generation,
+with real workers streaming from the fake model while the API cancels (these wait on
+timers: not in the in-process lane).
 
-The wall time limit mid-generation and how often a failing model is asked (the retry
-budget) are tested in-process, in tests/engine/test_agents.py."""
+How often a failing model is asked (the retry budget) is tested in-process, in
+tests/engine/test_agents.py."""
 
 from __future__ import annotations
 
@@ -73,6 +74,18 @@ def test_cancel_stops_the_generation(client: Client, llm: FakeLLM) -> None:  # n
         time.sleep(0.05)
     assert llm.outcomes(model)[-1] == "client_disconnected"
     assert time.monotonic() - cancelled_at < 60  # hung up, not read to the end (two minutes)
+
+
+def test_a_generation_past_the_wall_time_fails_the_job(client: Client,
+                                                       llm: FakeLLM) -> None:  # noqa: F811
+    model = unique("slow")
+    llm.script(model, [long_thought(120)])
+    started = time.monotonic()
+    job_id = start(client, "hasty", model)  # max_wall_time_s: 2
+    events = finish(client, job_id, timeout=60)
+    assert events[-1].type == "job_failed"
+    assert "wall time limit (2 s)" in events[-1].data["error"]
+    assert time.monotonic() - started < 60  # the limit ended it, not the two minutes' thought
 
 
 def thinking_with_actions(count: int, rate: float = 40) -> Turn:

@@ -2,8 +2,9 @@
 
 What a document job does (results, events, statuses) is tested in-process, in
 tests/engine/test_documents.py; here are what needs real workers (a revoke of a running
-action) and the API's own answers (SSE resumption, 422, 413, 404). The helpers `submit`,
-`follow`, `run`, `of`, `one` and `action` are shared by other integration tests."""
+action), what waits on a timer (a timeout) and the API's own answers (SSE resumption, 422,
+413, 404). The helpers `submit`, `follow`, `run`, `of`, `one` and `action` are shared by
+other integration tests."""
 
 from __future__ import annotations
 
@@ -77,6 +78,19 @@ def api(workers: Any, api: Any) -> Any:  # every test here needs the pools runni
 def client(api: Any) -> Iterator[Client]:
     with Client(api.url) as cortex:
         yield cortex
+
+
+def test_timeout_kills_the_action(client: Client) -> None:
+    """The action's sandbox process is killed at its timeout (a lane that may wait on it)."""
+    doc = action("slow", "python", {"code": "import time\ntime.sleep(120)"}, timeout=1)
+    started = time.monotonic()
+    job_id = client.submit_document(doc).id
+    events = list(client.events(job_id, timeout=60))
+    (failed,) = [e for e in events
+                 if e.type == "action_failed" and e.data["action_id"] == "slow"]
+    assert failed.data["status"] == "timeout"
+    assert time.monotonic() - started < 60  # the timeout ended it, not the two minutes' sleep
+    assert events[-1].type == "job_failed"
 
 
 def test_cancel_revokes_running_and_queued(client: Client) -> None:
