@@ -214,6 +214,10 @@ def worker(
 def api(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    fd: Annotated[int | None, typer.Option(
+        help="Serve on this listening socket, already bound by the parent process (cortex up "
+             "binds it, so that nothing can take the port in between); --host and --port are "
+             "then its own.")] = None,
     insecure_no_auth: Annotated[bool, typer.Option(
         "--insecure-no-auth", envvar="CORTEX_ALLOW_NO_AUTH",
         help="Serve a non-loopback host without API keys (only behind something that "
@@ -235,7 +239,7 @@ def api(
         raise typer.Exit(2) from None
     _check_manifests()
     try:
-        run(host=host, port=port, allow_no_auth=insecure_no_auth)
+        run(host=host, port=port, allow_no_auth=insecure_no_auth, fd=fd)
     except AuthConfigError as exc:
         console.print(f"[red]{exc}[/]", highlight=False)
         raise typer.Exit(2) from None

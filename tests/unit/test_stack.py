@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from cortex_api.stack import GRACE_S, STOP_SIGNALS, Stack, StackError, free_port, port_in_use
+from cortex_api.stack import (
+    GRACE_S,
+    STOP_SIGNALS,
+    Stack,
+    StackError,
+    free_port,
+    listen,
+    port_in_use,
+)
 from cortex_worker.settings import Settings
 from tests import harness
 
@@ -136,3 +144,14 @@ def test_cortex_up_on_a_busy_port_says_so_and_never_that_it_is_up(tmp_path: Path
     assert f"port {listening} (the API, --port)" in result.output
     assert "Cortex is up" not in result.output
     assert not (tmp_path / "logs").exists()
+
+
+def test_the_api_port_is_held_from_the_check_on_so_no_other_process_takes_it() -> None:
+    """`cortex up` binds the API's socket itself and hands it to `cortex api --fd`: a port
+    picked free and bound later could be taken in between (seen: the demo's API exiting with
+    'address already in use' while other suites started servers)."""
+    with listen(0) as held:
+        port = held.getsockname()[1]
+        assert port_in_use(port)
+        with pytest.raises(OSError):
+            listen(port)
