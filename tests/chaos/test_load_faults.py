@@ -145,9 +145,10 @@ def series_parallel(tag: str, canvas: bool, relic: bool) -> Job:
     return job
 
 
-def agent(tag: str, llm: ChaosLLM) -> Job:
+def agent(tag: str, llm: ChaosLLM, hold: threading.Event | None = None) -> Job:
     """Three turns: async `a`, `b` and sync `c` (waits for `a`); a sync `type="llm"` action
-    whose prompt is `$c`; the final answer, which renders all four."""
+    whose prompt is `$c`; the final answer, which renders all four. `hold`: the first turn's
+    thought stops streaming mid-way until it is set (a turn to kill its coordinator in)."""
     model = f"load-{tag}-{os.urandom(3).hex()}"
     word = f"alpha-{tag}"
     turns = [
@@ -165,7 +166,9 @@ def agent(tag: str, llm: ChaosLLM) -> Job:
         number = turn_number(body)
         if number > len(turns):
             return Turn(fail_status=400, error_message=f"{model}: no turn {number}")
-        return Turn(text=turns[number - 1], tokens_per_second=100 if number == 1 else FAST)
+        if number == 1:
+            return Turn(text=turns[0], tokens_per_second=100, holds={40: hold} if hold else {})
+        return Turn(text=turns[number - 1], tokens_per_second=FAST)
 
     llm.answer(model, answer)
     summary = f"Summary of {word}"
@@ -183,7 +186,9 @@ def workflow(tag: str, x: int, canvas: bool) -> Job:
                {"label": "sum", "total": 2 * x + 1, "copy": 2 * x, "text": f"x={x}"})
 
 
-def make_waves(llm: ChaosLLM, rng: random.Random) -> list[list[Job]]:
+def make_waves(llm: ChaosLLM, rng: random.Random, hold: threading.Event) -> list[list[Job]]:
+    """The jobs of each wave; the agents of the wave whose fault is the agent worker's kill
+    hold their first thought with `hold`."""
     waves: list[list[Job]] = []
     count = 0
     ns, sps, agents, flows = WAVE
@@ -195,7 +200,8 @@ def make_waves(llm: ChaosLLM, rng: random.Random) -> list[list[Job]]:
             count += 1
             wave.append(series_parallel(f"w{number}sp{i}", canvas=i % 2 == 1,
                                         relic=count % RELIC_EVERY == 0))
-        wave += [agent(f"w{number}ag{i}", llm) for i in range(agents)]
+        held = hold if SCHEDULE[number][1] == "agent" else None
+        wave += [agent(f"w{number}ag{i}", llm, held) for i in range(agents)]
         wave += [workflow(f"w{number}wf{i}", 10 * number + i, canvas=i % 2 == 0)
                  for i in range(flows)]
         rng.shuffle(wave)
@@ -222,7 +228,7 @@ class Faults:
         """Kill the pool's worker (once `when()` is true, if given) and start another;
         returns what `when` returned."""
         with self.lock:
-            found = harness.wait_until(when, timeout=20, interval=0.02,
+            found = harness.wait_until(when, timeout=60, interval=0.02,
                                        message=f"{pool}: the moment to kill never came") \
                 if when is not None else None
             self.stack.kill_worker(pool)
@@ -413,7 +419,8 @@ def test_load_under_faults(stack: Stack) -> None:
     assert isinstance(stack.llm, ChaosLLM)
     seed = int(os.environ.get("CORTEX_CHAOS_SEED") or random.randrange(10**6))
     rng = random.Random(seed)  # the shapes' sleeps and the order of each wave
-    waves = make_waves(stack.llm, rng)
+    hold = threading.Event()
+    waves = make_waves(stack.llm, rng, hold)
     jobs = [job for wave in waves for job in wave]
     assert len(jobs) >= 100
     faults = Faults(stack)
@@ -440,6 +447,7 @@ def test_load_under_faults(stack: Stack) -> None:
                 with faults.lock:
                     submit(stack, wave)
                     turn_hit = faults.kill_worker("agent", lambda w=wave: streaming(stack, w))
+                    hold.set()  # the replayed turns stream on
             else:
                 submit(stack, wave)
             if wave is waves[0]:  # a few clients follow jobs through all the faults
