@@ -33,6 +33,7 @@ from cortex_worker.sandbox.process import (
 )
 from cortex_worker.sandbox.warm import RUNNER, run_warm
 from cortex_worker.tools.spec import Limits
+from tests import harness
 
 pytestmark = pytest.mark.process
 
@@ -101,8 +102,26 @@ def gone(pid: int, within: float = 3.0) -> bool:
 
 @needs_namespaces
 def test_each_warm_call_gets_its_own_namespaces_user_and_processes(root: Path) -> None:
-    first = call("whoami", cwd=root / "job-a", isolation=iso(root))
-    second = call("whoami", cwd=root / "job-a", isolation=iso(root))
+    # Both calls alive at once: a namespace's inode number is reused once it is freed, so two
+    # calls one after the other could show the same number for two namespaces.
+    job = root / "job-a"
+    results: dict[str, Any] = {}
+
+    def held(name: str) -> None:
+        results[name] = call("whoami_held", {"marker": f"{name}.here", "release": "release"},
+                             cwd=job, isolation=iso(root), timeout=90)
+
+    threads = [threading.Thread(target=held, args=(name,)) for name in ("first", "second")]
+    for thread in threads:
+        thread.start()
+    try:
+        harness.wait_until(lambda: all((job / f"{n}.here").exists() for n in ("first", "second")),
+                           timeout=90, interval=0.01, message="the two calls never ran together")
+    finally:
+        (job / "release").write_text("")
+        for thread in threads:
+            thread.join(90)
+    first, second = results["first"], results["second"]
     assert first["imported_in"] == second["imported_in"] != first["pid"]  # one zygote, warm
     mine = {ns: os.readlink(f"/proc/self/ns/{ns}") for ns in first["namespaces"]}
     for ns, link in first["namespaces"].items():

@@ -31,6 +31,19 @@ def whoami() -> dict[str, Any]:
             "namespaces": {ns: os.readlink(f"/proc/self/ns/{ns}") for ns in NAMESPACES}}
 
 
+def whoami_held(marker: str, release: str) -> dict[str, Any]:
+    """`whoami`, then `marker` written, then alive (its namespaces with it) until `release`
+    exists: two such calls are seen side by side, so their namespaces cannot be one recycled
+    inode number."""
+    me = whoami()
+    with open(marker, "w") as f:
+        f.write("here")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return me
+
+
 def remember(value: Any) -> int:
     """Mutates the module's globals: how many values this process has seen."""
     CALLS.append(value)
