@@ -282,11 +282,11 @@ def test_a_timeout_cancels_the_call_on_the_server(manager: MCPManager, faulty: M
                                                    tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     pid = pid_of(manager, faulty)
-    started = time.monotonic()
+    # the timeout ended it, not the hour's hang: the error names it, and the server was told
+    # to cancel the call (its handler was cancelled, not left to sleep on)
     with pytest.raises(ToolTimeout, match=r"^MCP tool faulty.hang did not answer within 1s; "
                                           "the server was sent notifications/cancelled$"):
         manager.call_tool(faulty, "hang", {"marker": str(marker)}, 1.0)
-    assert time.monotonic() - started < 30  # the timeout ended it, not the hour's hang
     wait_until(lambda: marks(marker) == ["started", "cancelled"], timeout=5)
     assert pid_of(manager, faulty) == pid  # the server lives on
 
