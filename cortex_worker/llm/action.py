@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from cortex_worker.actions.call import Call
+from cortex_worker.handles import get_store
+from cortex_worker.jobs.record import JobRecord
+from cortex_worker.llm import limits
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.gateway import complete
+from cortex_worker.protocol.events import EventType
 from cortex_worker.store.state import dumps
 from cortex_worker.tools.errors import ToolError
 
@@ -20,10 +25,21 @@ def run_llm_action(call: Call) -> Any:
     params = call.params
     prompt = params["prompt"] if isinstance(params, dict) and set(params) == {"prompt"} \
         else dumps(params)
-    text, _ = complete(model, [
-        {"role": "system", "content": f"You perform one task: {call.spec['name']}. "
-                                      "Answer with its result only, without preamble."},
-        {"role": "user", "content": prompt}], base_dir=call.settings.manifests)
+    store = get_store()
+
+    def waiting(endpoint: str, reason: str, wait_s: float | None) -> None:
+        store.emit(call.job_id, [(EventType.model_waiting, {
+            "endpoint": endpoint, "reason": reason, "action_id": call.action_id,
+            "wait_s": None if wait_s is None else round(wait_s, 3)})], live=True)
+
+    tenant = (store.peek(call.job_id, "tenant") or JobRecord(id=call.job_id)).tenant
+    caller = limits.Caller(store, call.job_id, tenant, on_wait=waiting,
+                           deadline=time.time() + call.timeout)
+    with limits.calling(caller):
+        text, _ = complete(model, [
+            {"role": "system", "content": f"You perform one task: {call.spec['name']}. "
+                                          "Answer with its result only, without preamble."},
+            {"role": "user", "content": prompt}], base_dir=call.settings.manifests)
     try:
         return json.loads(text)
     except ValueError:

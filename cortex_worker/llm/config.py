@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from typing import Any, Literal
@@ -15,6 +16,19 @@ PROVIDER_DEFAULTS: dict[str, dict[str, str]] = {
                   "api_key_env": "ANTHROPIC_API_KEY"},
 }
 """Defaults that differ by provider (the field defaults are OpenAI's)."""
+
+
+class ModelLimits(BaseModel):
+    """What the provider allows this endpoint, shared by every worker of the cluster (held in
+    Redis, `cortex_worker.llm.limits`): a request waits for a slot within all three."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests_per_minute: int | None = Field(default=None, gt=0)
+    tokens_per_minute: int | None = Field(
+        default=None, gt=0, description="prompt (estimated before sending, then corrected with "
+        "the reported usage) plus completion tokens")
+    max_concurrent: int | None = Field(default=None, gt=0, description="requests in flight")
 
 
 class ModelConfig(BaseModel):
@@ -46,6 +60,11 @@ class ModelConfig(BaseModel):
         description="constrain decoding to the protocol with a grammar generated from the "
                     "agent's manifest (cortex_worker.llm.grammar): gbnf for llama.cpp, lark or "
                     "ebnf for vLLM / SGLang, structural_tag for XGrammar; off by default")
+    limits: ModelLimits | None = Field(
+        default=None, description="the provider's limits, shared by the cluster; without them "
+        "a 429's reset still pauses every worker's requests to the endpoint")
+    name: str | None = Field(default=None, description="the `kind: Model` manifest it came "
+                             "from (set by the loader); None for an inline `model:` block")
     transcript: str | None = Field(default=None, description="replay: a transcript file")
     tokens_per_second: float = Field(default=50.0, gt=0, description="replay speed")
 
@@ -82,8 +101,21 @@ class ModelConfig(BaseModel):
         return _ENV.sub(expand, self.base_url).rstrip("/")
 
     def named(self, model: str | None) -> ModelConfig:
-        """This endpoint with another model name (the job option `model`); itself if None."""
-        return self.model_copy(update={"model": model}) if model else self
+        """This endpoint with another model name (the job option `model`); itself if None.
+        Another model is another endpoint: it keeps no manifest name."""
+        if not model or model == self.model:
+            return self
+        return self.model_copy(update={"model": model, "name": None})
+
+    def endpoint(self) -> str:
+        """The name its shared limits and pauses are kept under: the `kind: Model` name, else
+        `inline-<hash>` of what identifies the provider's account and model (two agents with
+        the same inline block share it)."""
+        if self.name:
+            return self.name
+        what = "\0".join([self.provider, self.base_url.rstrip("/"), self.model,
+                           self.api_key_env or ""])
+        return "inline-" + hashlib.sha256(what.encode()).hexdigest()[:12]
 
     def api_key(self) -> str | None:
         """The key in the variable `api_key_env` names (None: it names none). A named variable

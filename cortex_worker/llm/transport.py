@@ -8,7 +8,10 @@
   to `take`; yield what `take` hands back. Connection errors, timeouts, 408,
   429 and 5xx (Anthropic's 529 "overloaded" included) are retried up to `config.max_retries`
   times with exponential backoff (0.25 s base, jitter, `Retry-After` honoured up to 10 s), but
-  only while nothing has been yielded. Once the caller has seen a piece, a failure raises
+  only while nothing has been yielded. Where the endpoint's limits are shared (`limits.slot`:
+  a job's request), each attempt first takes a slot, and a 429 or 529 is not a retry: the
+  pause it starts holds this request and every other worker's until the provider's reset.
+  Once the caller has seen a piece, a failure raises
   `ModelError(retryable=True, streamed=<chars>)` and the caller decides. Other 4xx raise
   `ModelError(retryable=False)` with the server's `error.message`. Closing the generator
   closes the HTTP response.
@@ -30,11 +33,12 @@ from typing import Any, Generic
 
 import httpx
 
+from cortex_worker.llm import limits as shared_limits
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.http11 import MAX_IDLE, Http11Transport
 from cortex_worker.llm.reader import follow
 from cortex_worker.llm.sse import Decoder, T, Take, taken
-from cortex_worker.llm.stream import ModelError, Piece, TextDelta
+from cortex_worker.llm.stream import ModelError, Piece, TextDelta, Usage
 
 __all__ = [
     "BACKOFF_BASE_S",
@@ -193,17 +197,21 @@ def transport_error(url: str, exc: httpx.HTTPError, config: ModelConfig) -> Mode
 
 
 class _Counted(Generic[T]):
-    """`take` that counts the pieces it was given and their text (for the retry rules)."""
+    """`take` that counts the pieces it was given and their text (for the retry rules), and
+    hands the reported usage to the request's shared slot."""
 
-    __slots__ = ("chars", "pieces", "take")
+    __slots__ = ("chars", "held", "pieces", "take")
 
     def __init__(self, take: Take[T]) -> None:
         self.take, self.pieces, self.chars = take, 0, 0
+        self.held: shared_limits.Held | None = None
 
     def __call__(self, piece: Piece) -> T | None:
         self.pieces += 1
         if isinstance(piece, TextDelta):
             self.chars += len(piece.text)
+        elif isinstance(piece, Usage) and self.held is not None:
+            self.held.used(piece.total_tokens)
         return self.take(piece)
 
 
@@ -233,8 +241,15 @@ def stream_with_retries(
     attempt = 0
     while True:
         response: httpx.Response | None = None
+        refused = False  # by the provider's rate limit, with a shared slot: waited out, not retried
         try:
-            with http.stream("POST", url, json=body, headers=headers, timeout=limits) as response:
+            with shared_limits.slot(config, body) as held, \
+                    http.stream("POST", url, json=body, headers=headers,
+                                timeout=limits) as response:
+                counted.held = held
+                if held is not None:
+                    held.answered(response)
+                    refused = held.refused
                 if response.status_code >= 300:
                     response.read()
                     raise status_error(config, url, response)
@@ -248,6 +263,8 @@ def stream_with_retries(
         except httpx.HTTPError as exc:
             error = transport_error(url, exc, config)
         error.streamed, error.attempts = counted.chars, attempt + 1
+        if refused and not counted.pieces:
+            continue  # the slot's pause holds this request (and every other) until the reset
         if not error.retryable or counted.pieces or attempt >= config.max_retries:
             if error.retryable and not counted.pieces:  # a 4xx is final: its count says nothing
                 error.message += f" ({attempts_note(attempt + 1, config.max_retries)})"

@@ -62,6 +62,7 @@ class EventType(StrEnum):
     job_started = "job_started"
     turn_started = "turn_started"
     usage = "usage"
+    model_waiting = "model_waiting"
     turn_completed = "turn_completed"
     child_job = "child_job"
     job_completed = "job_completed"

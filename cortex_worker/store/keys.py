@@ -99,6 +99,23 @@ def tool_waiting_key(tool: str) -> str:
     return f"{PREFIX}:tool:{tool}:waiting"
 
 
+class ModelKeys(NamedTuple):
+    """The keys of one model endpoint's shared limits (`llm.limits`), in the order
+    lua/model_take.lua and lua/model_give.lua take them; hash tag `{model:<endpoint>}`."""
+
+    state: str  # hash: pause_until, budget, budget_reset, tat, tokens, tokens_at, cap, counters
+    inflight: str  # sorted set: requests in flight (holder -> lease end)
+    waiting: str  # sorted set: requests waiting for a slot (holder -> arrival)
+    waiters: str  # hash: holder -> "tenant|last poll"
+    served: str  # hash: tenant -> when it last got a slot (whose turn it is)
+
+
+@lru_cache(maxsize=256)
+def model_keys(endpoint: str) -> ModelKeys:
+    """The shared-limit keys of the model endpoint `endpoint` (`ModelConfig.endpoint()`)."""
+    return ModelKeys(*(f"{PREFIX}:{{model:{endpoint}}}:{field}" for field in ModelKeys._fields))
+
+
 def session_key(session_id: str) -> str:
     """A session's hash; its messages and jobs are lists at `:messages` and `:jobs`."""
     return f"{PREFIX}:session:{session_id}"

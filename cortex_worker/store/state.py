@@ -28,6 +28,7 @@ from cortex_worker.store.keys import (
     SCRIPT_KEYS,
     alive_key,
     job_keys,
+    model_keys,
     session_key,
     tenant_index,
     tool_slots_key,
@@ -172,7 +173,8 @@ class Store:
                                       "requeue", "resume", "turn_start", "turn_end", "turn_unwait",
                                       "begin", "redrive", "approval_request", "approval_decide")}
         self._tool_scripts = {name: client.register_script(_lua(name, prelude=False))
-                              for name in ("slot_take", "slot_give")}
+                              for name in ("slot_take", "slot_give", "model_take",
+                                           "model_give")}
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -455,6 +457,60 @@ class Store:
     def throttle(self, job_id: str, action_id: str) -> None:
         """Mark a queued action as waiting for a tool slot (claiming it clears the mark)."""
         self.redis.hset(job_keys(job_id).timings, f"w|{action_id}", repr(time.time()))
+
+    # -- model endpoints' shared limits (llm/limits.py) ----------------------------------------
+    def take_model_slot(self, endpoint: str, holder: str, tenant: str, *, lease_s: float,
+                        limits: Sequence[float | None], tokens: int,
+                        stale_s: float) -> tuple[bool, float | None, str]:
+        """Take a request slot of `endpoint` for `holder`, or stand in line for one. `limits`:
+        requests per minute, tokens per minute, max concurrent (None: not declared). Returns
+        (taken, seconds to wait or None if unknown, why it must wait)."""
+        now = time.time()
+        out = self._tool_scripts["model_take"](keys=list(model_keys(endpoint)), args=[
+            holder, tenant, repr(now), repr(now + lease_s),
+            *("" if limit is None else limit for limit in limits), tokens, stale_s])
+        if int(out[0]) == 1:
+            return True, None, ""
+        wait_ms = int(out[1])
+        return False, (None if wait_ms < 0 else wait_ms / 1000), str(out[2])
+
+    def give_model_slot(self, endpoint: str, holder: str, *, taken: int, used: int | None,
+                        tokens_per_minute: int | None, refused: bool, reset_s: float | None,
+                        remaining: int | None, ceiling: int) -> float:
+        """Give back `holder`'s slot of `endpoint`, with what the answer said (see
+        lua/model_give.lua); returns the seconds of the pause now in force (0: none)."""
+        def arg(value: float | None) -> str:
+            return "" if value is None else repr(value)
+        out = self._tool_scripts["model_give"](keys=list(model_keys(endpoint)), args=[
+            holder, repr(time.time()), taken, arg(used), arg(tokens_per_minute),
+            1 if refused else 0, arg(reset_s), arg(remaining), ceiling])
+        return int(out) / 1000
+
+    def leave_model_line(self, endpoint: str, holder: str) -> None:
+        """`holder` no longer waits for a slot of `endpoint` (it gave up or was cancelled)."""
+        keys = model_keys(endpoint)
+        pipe = self.redis.pipeline()
+        pipe.zrem(keys.waiting, holder)
+        pipe.hdel(keys.waiters, holder)
+        pipe.execute()
+
+    def model_use(self, endpoint: str) -> dict[str, Any]:
+        """What `endpoint` uses now: requests in flight and waiting, the pause in force, the
+        adaptive concurrency limit, and the requests and 429s counted so far."""
+        keys, now = model_keys(endpoint), time.time()
+        pipe = self.redis.pipeline()
+        pipe.zcount(keys.inflight, now, "+inf")
+        pipe.zcard(keys.waiting)
+        pipe.hmget(keys.state, "pause_until", "cap", "requests", "refused", "waits")
+        in_flight, waiting, (pause, cap, requests, refused, waits) = pipe.execute()
+        return {"in_flight": int(in_flight), "waiting": int(waiting),
+                "paused_for_s": round(max(0.0, float(pause or 0) - now), 3),
+                "adaptive_max_concurrent": None if cap is None else int(float(cap)),
+                "requests": int(requests or 0), "rate_limited": int(refused or 0),
+                "waits": int(waits or 0)}
+
+    def count_model_wait(self, endpoint: str) -> None:
+        self.redis.hincrby(model_keys(endpoint).state, "waits", 1)
 
     def beat(self, owner: str, ttl_s: float) -> None:
         """Say that worker process `owner` is alive for the next `ttl_s` seconds."""

@@ -46,6 +46,7 @@ from cortex_worker.jobs.turns.reading import (
     handle,
 )
 from cortex_worker.jobs.turns.waiting import WaitSlot, waited
+from cortex_worker.llm import limits
 from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.gateway import open_stream
 from cortex_worker.llm.grammar import Grammar, build_grammar
@@ -266,6 +267,17 @@ def _tool_content(result: dict[str, Any] | None, limit: int) -> str:
     return body if result["status"] == "ok" else f"{result['status']}: {body}"
 
 
+def model_caller(store: Store, job_id: str, job: JobRecord, agent: AgentSpec) -> limits.Caller:
+    """The job as a caller of its model endpoint: it waits for a shared slot until its wall
+    time runs out, and its log shows each wait (`model_waiting`)."""
+    def waiting(endpoint: str, reason: str, wait_s: float | None) -> None:
+        store.emit(job_id, [(EventType.model_waiting, {
+            "endpoint": endpoint, "reason": reason,
+            "wait_s": None if wait_s is None else round(wait_s, 3)})], live=True)
+    return limits.Caller(store, job_id, job.tenant, on_wait=waiting,
+                         deadline=job.begun_at + agent.max_wall_time_s)
+
+
 def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
               finished: list[str], closing: Closing, pushed: Watch, slot: WaitSlot,
               restarted: bool = False, inputs: TurnInputs | None = None) -> Turn | None:
@@ -287,47 +299,48 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     model = KINDS["agent"].model(job) or agent.model
     grammar = _grammar(agent, model)
     depth = job.depth
-    for restart in range(TURN_RESTARTS + 1):
-        reading = Reading(store, job_id, job, agent, planner, depth, model, names, pushed.ended,
-                           retaken=restarted)
-        state = reading.state
-        # ended before the stream opened? (just seen not to have, if this turn began now)
-        if (restart or restarted) and _stop_reason(store, job_id, agent, job):
-            state.ended = True
-            break
-        stream = open_stream(model, messages, tools=tools, base_dir=get_settings().manifests,
-                             grammar=grammar, take=reading.take)
-        try:
-            for events in stream:  # only when this thread has something to do
-                if pushed.ended.is_set():
-                    state.ended = True
-                    break
-                if time.monotonic() >= reading.check_at:  # out of time, or a missed end?
-                    reading.next_check()
-                    if _stop_reason(store, job_id, agent, job, renew=True):
+    with limits.calling(model_caller(store, job_id, job, agent)):
+        for restart in range(TURN_RESTARTS + 1):
+            reading = Reading(store, job_id, job, agent, planner, depth, model, names, pushed.ended,
+                               retaken=restarted)
+            state = reading.state
+            # ended before the stream opened? (just seen not to have, if this turn began now)
+            if (restart or restarted) and _stop_reason(store, job_id, agent, job):
+                state.ended = True
+                break
+            stream = open_stream(model, messages, tools=tools, base_dir=get_settings().manifests,
+                                 grammar=grammar, take=reading.take)
+            try:
+                for events in stream:  # only when this thread has something to do
+                    if pushed.ended.is_set():
                         state.ended = True
                         break
-                handle(store, job_id, agent, planner, events, state, depth, model)
-                if state.stopped_at is not None or state.ended:
-                    break
-        except ModelError as exc:
-            # A failure before the first piece was retried by the gateway (max_retries);
-            # a stream that broke after output arrived restarts the turn, TURN_RESTARTS times.
-            if reading.deltas and exc.retryable and state.actions == 0 and restart < TURN_RESTARTS:
-                flush(store, job_id, state)
-                store.emit(job_id, [(EventType.warning, {
-                    "kind": "model_retry",
-                    "message": f"the model stream broke ({exc}); turn restarted"})], live=True)
-                continue
-            if restart:
-                exc.message += f"; the turn was restarted {restart} time(s) after its stream broke"
-                exc.args = (exc.message,)
-            raise
-        finally:
-            close = getattr(stream, "close", None)
-            if close:
-                close()
-        break
+                    if time.monotonic() >= reading.check_at:  # out of time, or a missed end?
+                        reading.next_check()
+                        if _stop_reason(store, job_id, agent, job, renew=True):
+                            state.ended = True
+                            break
+                    handle(store, job_id, agent, planner, events, state, depth, model)
+                    if state.stopped_at is not None or state.ended:
+                        break
+            except ModelError as exc:
+                # A failure before the first piece was retried by the gateway (max_retries);
+                # a stream that broke after output arrived restarts the turn, TURN_RESTARTS times.
+                if reading.deltas and exc.retryable and state.actions == 0 and restart < TURN_RESTARTS:
+                    flush(store, job_id, state)
+                    store.emit(job_id, [(EventType.warning, {
+                        "kind": "model_retry",
+                        "message": f"the model stream broke ({exc}); turn restarted"})], live=True)
+                    continue
+                if restart:
+                    exc.message += f"; the turn was restarted {restart} time(s) after its stream broke"
+                    exc.args = (exc.message,)
+                raise
+            finally:
+                close = getattr(stream, "close", None)
+                if close:
+                    close()
+            break
     parser, text, usage, deltas = reading.parser, reading.text, reading.usage, reading.deltas
     if state.ended:
         flush(store, job_id, state)

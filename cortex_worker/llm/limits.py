@@ -1,0 +1,248 @@
+"""Model endpoints' limits, shared by every worker of the cluster (architecture.md: "shared
+limits live in Redis, not in a process").
+
+A request to a model endpoint first takes a slot (`slot`): within the endpoint's declared
+`limits` (requests and tokens per minute, requests in flight) and any pause a provider's 429
+started, all held in Redis (`Store.take_model_slot`, lua/model_take.lua), so every process on
+every host counts the same requests. Waiters are served in turn by tenant, in arrival order
+within one. Waiting is not a retry: it spends no `max_retries`.
+
+The slot is given back with what the answer said (`Held.answered`, lua/model_give.lua): a 429
+or 529 pauses every worker's requests to the endpoint until the provider's reset
+(`Retry-After`, `x-ratelimit-reset-*`, `anthropic-ratelimit-*-reset`); a low remaining count
+holds requests until its reset before the provider refuses any; and an adaptive concurrency
+limit, halved at each refusal and grown again by successes, makes the end of a pause a trickle
+rather than a storm.
+
+The limiter applies where a caller is set (`calling`): the agent loop and `llm` actions set
+one; a bare gateway call (a script, a unit test) goes straight to the endpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import json
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.stream import ModelError
+from cortex_worker.store.state import Store
+
+__all__ = ["Caller", "Held", "ModelBusy", "calling", "estimate_tokens", "provider_limits",
+           "slot"]
+
+POLL_S = 0.1
+"""How often a request that waits for a slot in flight (or for its turn) asks again."""
+STALE_S = 10.0
+"""A waiter that has not asked for this long loses its place (its process died)."""
+LEASE_S = 600.0
+"""A slot in flight frees itself after this long if its holder never gives it back."""
+ADAPTIVE_CEILING = 64
+"""The adaptive concurrency limit is dropped once successes grow it this far."""
+REFUSED_STATUS = frozenset({429, 529})
+CHARS_PER_TOKEN = 4
+
+
+class ModelBusy(Exception):
+    """The endpoint has no slot for longer than the caller holds its thread: come back in
+    `retry_in_s` (the caller hands its work back to the queue)."""
+
+    def __init__(self, endpoint: str, reason: str, retry_in_s: float) -> None:
+        super().__init__(f"model endpoint {endpoint} is busy ({reason}): "
+                         f"retry in {retry_in_s:.1f} s")
+        self.endpoint, self.reason, self.retry_in_s = endpoint, reason, retry_in_s
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who asks for the model: the job's store, id and tenant, what to tell the job when its
+    request must wait (`on_wait(endpoint, reason, wait_s or None)`), when waiting must give up
+    (`deadline`, time.time(); the job's wall time), and how long the caller may hold its
+    thread waiting before it hands its work back (`hold_s`; None: wait in the thread)."""
+
+    store: Store
+    job_id: str
+    tenant: str
+    on_wait: Callable[[str, str, float | None], None] = lambda *_: None
+    deadline: float | None = None
+    hold_s: float | None = None
+
+
+_caller: ContextVar[Caller | None] = ContextVar("cortex_model_caller", default=None)
+
+
+@contextlib.contextmanager
+def calling(caller: Caller) -> Iterator[Caller]:
+    """Requests to model endpoints made in this block (this thread) take shared slots."""
+    token = _caller.set(caller)
+    try:
+        yield caller
+    finally:
+        _caller.reset(token)
+
+
+def estimate_tokens(body: dict[str, Any]) -> int:
+    """A request's tokens before it is sent: its messages (and tools) at four characters a
+    token, plus the completion it may write (`max_tokens`); corrected by the reported usage."""
+    text = json.dumps([body.get("messages"), body.get("tools"), body.get("system")],
+                      separators=(",", ":"), ensure_ascii=False, default=str)
+    return len(text) // CHARS_PER_TOKEN + int(body.get("max_tokens") or 0)
+
+
+# -- what a provider's answer says about its limits ------------------------------------------
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _seconds(value: str | None) -> float | None:
+    """A reset as providers write it: seconds ("1", "0.5"), OpenAI's durations ("1s", "6m0s",
+    "250ms"), or a time (RFC 3339, as Anthropic; or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    parts = _DURATION.findall(value)
+    if parts and "".join(n + u for n, u in parts) == value:
+        return sum(float(n) * _UNITS[u] for n, u in parts)
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value).timestamp()
+        except (TypeError, ValueError):
+            return None
+    return max(0.0, when - time.time())
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return None if value is None else int(float(value))
+    except ValueError:
+        return None
+
+
+def provider_limits(headers: httpx.Headers) -> tuple[float | None, int | None]:
+    """(seconds until the provider's limit resets, requests it says remain until then), from
+    `Retry-After` and OpenAI's `x-ratelimit-*` or Anthropic's `anthropic-ratelimit-*` headers:
+    the reset of an exhausted dimension (requests or tokens) wins; None where they are silent."""
+    remaining: int | None = None
+    resets: list[float] = []
+    for prefix, kinds in (("x-ratelimit-{}-{}", ("requests", "tokens")),
+                          ("anthropic-ratelimit-{1}-{0}", ("requests", "tokens",
+                                                           "input-tokens", "output-tokens"))):
+        for kind in kinds:
+            left = _int(headers.get(prefix.format("remaining", kind)))
+            reset = _seconds(headers.get(prefix.format("reset", kind)))
+            if kind == "requests" and left is not None:
+                remaining = left if remaining is None else min(remaining, left)
+                if reset is not None:
+                    resets.append(reset)
+            elif left is not None and left <= 0 and reset is not None:
+                resets.append(reset)
+                remaining = 0
+    after = _seconds(headers.get("retry-after"))
+    if after is not None:
+        resets.append(after)
+    return (max(resets) if resets else None), remaining
+
+
+# -- slots --------------------------------------------------------------------------------
+@dataclass
+class Held:
+    """A request's slot of an endpoint, taken by `slot`; give the answer's headers to
+    `answered` and the reported usage to `used`."""
+
+    caller: Caller
+    config: ModelConfig
+    endpoint: str
+    holder: str
+    taken: int
+    refused: bool = False
+    reset_s: float | None = None
+    remaining: int | None = None
+    tokens: int | None = None
+    given: bool = field(default=False, repr=False)
+
+    def answered(self, response: httpx.Response) -> None:
+        self.refused = response.status_code in REFUSED_STATUS
+        self.reset_s, self.remaining = provider_limits(response.headers)
+
+    def used(self, total_tokens: int) -> None:
+        self.tokens = total_tokens
+
+    def give_back(self) -> None:
+        if self.given:
+            return
+        self.given = True
+        limits = self.config.limits
+        self.caller.store.give_model_slot(
+            self.endpoint, self.holder, taken=self.taken, used=self.tokens,
+            tokens_per_minute=limits.tokens_per_minute if limits else None,
+            refused=self.refused, reset_s=self.reset_s, remaining=self.remaining,
+            ceiling=(limits.max_concurrent if limits and limits.max_concurrent
+                     else ADAPTIVE_CEILING))
+
+
+def _take(caller: Caller, config: ModelConfig, endpoint: str, holder: str,
+          tokens: int) -> tuple[bool, float | None, str]:
+    limits = config.limits
+    declared = ((limits.requests_per_minute, limits.tokens_per_minute, limits.max_concurrent)
+                if limits else (None, None, None))
+    return caller.store.take_model_slot(endpoint, holder, caller.tenant, lease_s=LEASE_S,
+                                        limits=declared, tokens=tokens, stale_s=STALE_S)
+
+
+@contextlib.contextmanager
+def slot(config: ModelConfig, body: dict[str, Any]) -> Iterator[Held | None]:
+    """Wait for a request slot of `config`'s endpoint (None when no caller is set: no limits
+    apply), and give it back when the block ends. Raises `ModelBusy` when the wait would hold
+    the thread longer than the caller's `hold_s`, and a final `ModelError` when it would
+    outlast the caller's deadline."""
+    caller = _caller.get()
+    if caller is None:
+        yield None
+        return
+    endpoint = config.endpoint()
+    holder = f"{caller.job_id}:{uuid.uuid4().hex[:12]}"
+    tokens = estimate_tokens(body)
+    started = time.monotonic()
+    told = ""
+    while True:
+        taken, wait_s, reason = _take(caller, config, endpoint, holder, tokens)
+        if taken:
+            break
+        if reason != told:  # the job hears of each new reason to wait once
+            if not told:
+                caller.store.count_model_wait(endpoint)
+            caller.on_wait(endpoint, reason, wait_s)
+            told = reason
+        pause = POLL_S * random.uniform(0.5, 1.5) if wait_s is None else wait_s
+        waited = time.monotonic() - started
+        if caller.deadline is not None and time.time() + pause > caller.deadline:
+            caller.store.leave_model_line(endpoint, holder)
+            raise ModelError(f"model endpoint {endpoint} had no request slot ({reason}) "
+                             f"before the job's wall time limit, after waiting {waited:.1f} s")
+        if caller.hold_s is not None and waited + pause > caller.hold_s:
+            caller.store.leave_model_line(endpoint, holder)
+            raise ModelBusy(endpoint, reason, max(pause, POLL_S))
+        # a little spread, so waiters told the same time do not all ask in the same instant
+        time.sleep(min(pause + random.uniform(0, POLL_S / 2), STALE_S / 2))
+    held = Held(caller, config, endpoint, holder, tokens)
+    try:
+        yield held
+    finally:
+        held.give_back()
