@@ -209,9 +209,10 @@ def _take(caller: Caller, config: ModelConfig, endpoint: str, holder: str,
 @contextlib.contextmanager
 def slot(config: ModelConfig, body: dict[str, Any]) -> Iterator[Held | None]:
     """Wait for a request slot of `config`'s endpoint (None when no caller is set: no limits
-    apply), and give it back when the block ends. Raises `ModelBusy` when the wait would hold
-    the thread longer than the caller's `hold_s`, and a final `ModelError` when it would
-    outlast the caller's deadline."""
+    apply), and give it back when the block ends. Raises `ModelBusy` when a wait of known
+    length (a pause, a rate) is longer than the caller's `hold_s` (a wait for a slot in flight
+    is as long as others' requests: it stays in line), and a final `ModelError` when waiting
+    would outlast the caller's deadline."""
     caller = _caller.get()
     if caller is None:
         yield None
@@ -236,9 +237,9 @@ def slot(config: ModelConfig, body: dict[str, Any]) -> Iterator[Held | None]:
             caller.store.leave_model_line(endpoint, holder)
             raise ModelError(f"model endpoint {endpoint} had no request slot ({reason}) "
                              f"before the job's wall time limit, after waiting {waited:.1f} s")
-        if caller.hold_s is not None and waited + pause > caller.hold_s:
-            caller.store.leave_model_line(endpoint, holder)
-            raise ModelBusy(endpoint, reason, max(pause, POLL_S))
+        if caller.hold_s is not None and wait_s is not None and wait_s > caller.hold_s:
+            caller.store.leave_model_line(endpoint, holder)  # a known wait: nobody else goes
+            raise ModelBusy(endpoint, reason, wait_s)
         # a little spread, so waiters told the same time do not all ask in the same instant
         time.sleep(min(pause + random.uniform(0, POLL_S / 2), STALE_S / 2))
     held = Held(caller, config, endpoint, holder, tokens)

@@ -171,6 +171,7 @@ class Store:
         self._scripts = {name: client.register_script(_lua(name))
                          for name in ("emit", "register", "claim", "finish", "retry", "close",
                                       "requeue", "resume", "turn_start", "turn_end", "turn_unwait",
+                                      "turn_yield",
                                       "begin", "redrive", "approval_request", "approval_decide")}
         self._tool_scripts = {name: client.register_script(_lua(name, prelude=False))
                               for name in ("slot_take", "slot_give", "model_take",
@@ -687,6 +688,11 @@ class Store:
         """`waiter` stops waiting in place for the job to drain (lua/turn_unwait.lua): True if
         the drain was handed to it already (it takes the next turn)."""
         return bool(int(self._run("turn_unwait", job_id, waiter)))
+
+    def yield_turn(self, job_id: str, owner: str) -> bool:
+        """`owner` hands the job's turn back before its stream opened (lua/turn_yield.lua):
+        True if it was its turn to hand back."""
+        return bool(int(self._run("turn_yield", job_id, owner)))
 
     def results(self, job_id: str, action_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Result records of the given actions (those recorded)."""

@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import datetime
 import threading
+import uuid
 
 import httpx
 import pytest
 
+from cortex_worker.actions import dispatch
+from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker.jobs.options import JobOptions
+from cortex_worker.jobs.turns.loop import MODEL_HOLD_S
 from cortex_worker.llm import gateway, limits
 from cortex_worker.llm.config import ModelConfig, ModelLimits
 from cortex_worker.store.keys import model_keys
 from cortex_worker.store.state import Store
+from cortex_worker.testing import StubBroker
+from tests.engine.helpers import events, of, one, status
 from tests.fake_llm import FakeLLM, Turn
 
 
@@ -228,3 +235,31 @@ def test_concurrent_callers_never_exceed_max_concurrent(store: Store) -> None:
         assert len(llm.requests("m")) == 8
         assert peak[0] <= 2
     assert store.model_use(config.endpoint())["in_flight"] == 0
+
+
+def test_a_turn_hands_its_thread_back_while_its_endpoint_is_paused(
+        store: Store, broker: StubBroker, llm: FakeLLM) -> None:
+    """The provider refuses turn 1 with Retry-After: 30. The turn does not hold its thread for
+    the pause: it hands the turn back (the job's log says why it waits) and a turn task is
+    sent for when the pause ends. That task generates the turn from the same inputs, with no
+    restart warning and no second `turn_started`, and the job completes."""
+    model = f"engine-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [Turn(fail_status=429, headers={"Retry-After": "30"}),
+                       Turn(text='<response final="true">done</response>')])
+    job_id = jobs.submit_agent(store, "tester", "Say done.", options=JobOptions(model=model))
+    broker.join(delayed=False)
+
+    record = store.peek(job_id, "status", "turn_phase")
+    assert record is not None and (record.status, record.turn_phase) == ("running", "yielded")
+    waiting = one(events(store, job_id), "model_waiting")
+    assert waiting["reason"] == "paused" and waiting["wait_s"] > MODEL_HOLD_S
+    later = [m for m in broker.messages() if m.name == dispatch.TURN_TASK]
+    assert len(later) == 1 and later[0].countdown is not None and later[0].countdown > MODEL_HOLD_S
+
+    store.redis.hdel(model_keys(waiting["endpoint"]).state, "pause_until")  # the stub's time does not pass
+    broker.join()
+    log = events(store, job_id)
+    assert status(store, job_id) == "completed"
+    assert len(of(log, "turn_started")) == 1
+    assert not [e for e in of(log, "warning") if e["data"].get("kind") == "turn_restarted"]
+    assert len(llm.requests(model)) == 2

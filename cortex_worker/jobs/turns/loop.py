@@ -72,6 +72,8 @@ MAX_REMINDERS = 3
 TURN_RESTARTS = 1  # times a turn is generated again after its stream broke mid-output
 TURN_LEASE_S = 30.0  # a turn whose owner has not renewed it this long may be taken over
 RESULT_CHARS = 4000
+MODEL_HOLD_S = 5.0
+"""A turn whose model endpoint has no slot for longer than this hands its thread back."""
 
 
 def _resume(store: Store, job_id: str, start: TurnStart | None = None) -> Resumed | None:
@@ -102,7 +104,7 @@ def run_turns(store: Store, job_id: str) -> None:
             return
         turn, job, restarted = resumed.turn, resumed.job, resumed.restarted
         phase = job.turn_phase if restarted else "resumed"
-        if restarted:
+        if restarted and phase != "yielded":  # handed back (`_hand_back`), not taken over
             log.warning("job %s: taking over turn %s (phase %s) from %s", job_id, turn, phase,
                         job.turn_owner)
             store.emit(job_id, [(EventType.warning, {
@@ -137,6 +139,9 @@ def run_turns(store: Store, job_id: str) -> None:
                     return  # the last awaited action to finish sends the next turn
                 if phase != "generated":
                     start = _known_start(job, agent, turn, turn_state)
+        except limits.ModelBusy as busy:
+            _hand_back(store, job_id, turn, busy)
+            return
         except ModelError as exc:
             end_job(store, job_id, "failed", error=f"model error: {exc}")
             return
@@ -153,6 +158,17 @@ def run_turns(store: Store, job_id: str) -> None:
             end_job(store, job_id, "failed", turns=turn,
                     error=f"internal error in turn {turn}: {type(exc).__name__}: {exc}")
             return
+
+
+def _hand_back(store: Store, job_id: str, turn: int, busy: limits.ModelBusy) -> None:
+    """The model endpoint has no slot for longer than a thread is held: free the thread, and
+    send the turn again for when a slot is due (it then takes the turn over and generates it
+    from the same inputs). The turn's owner stays this process: if it dies first, the
+    reconciler sends the turn at once."""
+    if store.yield_turn(job_id, owner()):
+        log.info("job %s: turn %s waits %.1f s for model endpoint %s (%s) off its thread",
+                 job_id, turn, busy.retry_in_s, busy.endpoint, busy.reason)
+        dispatch.agent_turn(job_id, countdown=busy.retry_in_s)
 
 
 FIRST_TURN = TurnStart(1, closing=[], fields={"pending_responses": [], "result": "",
@@ -275,7 +291,7 @@ def model_caller(store: Store, job_id: str, job: JobRecord, agent: AgentSpec) ->
             "endpoint": endpoint, "reason": reason,
             "wait_s": None if wait_s is None else round(wait_s, 3)})], live=True)
     return limits.Caller(store, job_id, job.tenant, on_wait=waiting,
-                         deadline=job.begun_at + agent.max_wall_time_s)
+                         deadline=job.begun_at + agent.max_wall_time_s, hold_s=MODEL_HOLD_S)
 
 
 def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
