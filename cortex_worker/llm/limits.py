@@ -80,6 +80,7 @@ class Caller:
 
 
 _caller: ContextVar[Caller | None] = ContextVar("cortex_model_caller", default=None)
+_noted: set[tuple[int, str]] = set()  # (store, endpoint) listed in the store's index already
 
 
 @contextlib.contextmanager
@@ -218,6 +219,9 @@ def slot(config: ModelConfig, body: dict[str, Any]) -> Iterator[Held | None]:
         yield None
         return
     endpoint = config.endpoint()
+    if (id(caller.store), endpoint) not in _noted:
+        caller.store.note_model_endpoint(endpoint)
+        _noted.add((id(caller.store), endpoint))
     holder = f"{caller.job_id}:{uuid.uuid4().hex[:12]}"
     tokens = estimate_tokens(body)
     started = time.monotonic()

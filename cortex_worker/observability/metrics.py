@@ -32,7 +32,9 @@ from cortex_worker.store.keys import (
     METRIC_COUNTERS,
     METRIC_DISPATCH,
     METRIC_DURATION,
+    MODELS_INDEX,
     job_keys,
+    model_keys,
 )
 
 #: `cortex_jobs{status}` counts the newest jobs of the index, at most this many.
@@ -151,6 +153,8 @@ class CortexCollector(Collector):
                                 "Jobs not ended yet (queued, running or finishing).",
                                 value=sum(statuses[s] for s in JOB_LIVE))
 
+        yield from self._models()
+
         if self.broker is not None:
             pipe = self.broker.pipeline(transaction=False)
             for queue in self.queues:
@@ -162,6 +166,37 @@ class CortexCollector(Collector):
             for queue, length in zip(self.queues, lengths, strict=True):
                 family.add_metric([queue], int(length))
             yield family
+
+
+    def _models(self) -> Iterator[Metric]:
+        """Each model endpoint's shared limits (llm/limits.py): requests, 429s and waits so
+        far; requests in flight and waiting now."""
+        endpoints = sorted(_str(e) for e in self.redis.smembers(MODELS_INDEX))
+        pipe = self.redis.pipeline(transaction=False)
+        for endpoint in endpoints:
+            keys = model_keys(endpoint)
+            pipe.hmget(keys.state, "requests", "refused", "waits")
+            pipe.zcard(keys.inflight)
+            pipe.zcard(keys.waiting)
+        out = pipe.execute()
+        families = [
+            CounterMetricFamily("cortex_model_requests", "Requests sent to each model endpoint "
+                                "whose limits Cortex keeps.", labels=["endpoint"]),
+            CounterMetricFamily("cortex_model_rate_limited", "Answers of 429 or 529 (the "
+                                "provider's limit or overload) from each model endpoint.",
+                                labels=["endpoint"]),
+            CounterMetricFamily("cortex_model_waits", "Requests that waited for a slot of each "
+                                "model endpoint.", labels=["endpoint"]),
+            GaugeMetricFamily("cortex_model_in_flight", "Requests in flight to each model "
+                              "endpoint.", labels=["endpoint"]),
+            GaugeMetricFamily("cortex_model_waiting", "Requests waiting for a slot of each "
+                              "model endpoint.", labels=["endpoint"]),
+        ]
+        for at, endpoint in enumerate(endpoints):
+            counts, flying, waiting = out[3 * at: 3 * at + 3]
+            for family, value in zip(families, [*counts, flying, waiting], strict=True):
+                family.add_metric([endpoint], int(value or 0))
+        yield from families
 
 
 def _str(value: Any) -> str:

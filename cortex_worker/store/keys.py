@@ -22,6 +22,8 @@ METRIC_DURATION = f"{PREFIX}:metrics:hist:duration"
 ACTIVE_JOBS = f"{PREFIX}:active"
 #: Held for one pass by the process that reconciles now (one at a time, any may).
 RECONCILER_LOCK = f"{PREFIX}:reconciler"
+#: The model endpoints whose limits are kept (`model_keys`): what metrics report on.
+MODELS_INDEX = f"{PREFIX}:models"
 #: The built-in key-value relic's keys start with this (`relic_kv_key`).
 RELIC_KV_PREFIX = f"{PREFIX}:relic:kv"
 #: How long a job's keys live when its record does not say (7 days).

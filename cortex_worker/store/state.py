@@ -25,6 +25,7 @@ from cortex_worker.store.keys import (
     ACTIVE_JOBS,
     DEFAULT_TTL_S,
     JOBS_INDEX,
+    MODELS_INDEX,
     SCRIPT_KEYS,
     alive_key,
     job_keys,
@@ -509,6 +510,13 @@ class Store:
                 "adaptive_max_concurrent": None if cap is None else int(float(cap)),
                 "requests": int(requests or 0), "rate_limited": int(refused or 0),
                 "waits": int(waits or 0)}
+
+    def note_model_endpoint(self, endpoint: str) -> None:
+        """List `endpoint` among those whose limits are kept (`model_endpoints`)."""
+        self.redis.sadd(MODELS_INDEX, endpoint)
+
+    def model_endpoints(self) -> list[str]:
+        return sorted(self.redis.smembers(MODELS_INDEX))
 
     def count_model_wait(self, endpoint: str) -> None:
         self.redis.hincrby(model_keys(endpoint).state, "waits", 1)

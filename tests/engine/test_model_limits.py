@@ -21,6 +21,7 @@ from cortex_worker.jobs.options import JobOptions
 from cortex_worker.jobs.turns.loop import MODEL_HOLD_S
 from cortex_worker.llm import gateway, limits
 from cortex_worker.llm.config import ModelConfig, ModelLimits
+from cortex_worker.observability.metrics import CortexCollector
 from cortex_worker.store.keys import model_keys
 from cortex_worker.store.state import Store
 from cortex_worker.testing import StubBroker
@@ -263,3 +264,18 @@ def test_a_turn_hands_its_thread_back_while_its_endpoint_is_paused(
     assert len(of(log, "turn_started")) == 1
     assert not [e for e in of(log, "warning") if e["data"].get("kind") == "turn_restarted"]
     assert len(llm.requests(model)) == 2
+
+
+def test_metrics_count_each_endpoints_requests_refusals_and_waits(store: Store) -> None:
+    with FakeLLM() as llm:
+        llm.script("m", [Turn(fail_status=429, headers={"Retry-After": "0"}), Turn(text="ok")])
+        config = ModelConfig(base_url=llm.url, model="m", api_key_env=None, max_retries=0)
+        with limits.calling(limits.Caller(store, "job1", "acme")):
+            gateway.complete(config, [{"role": "user", "content": "hi"}])
+    samples = {(s.name, s.labels.get("endpoint")): s.value
+               for family in CortexCollector(store.redis).collect() for s in family.samples}
+    endpoint = config.endpoint()
+    assert samples[("cortex_model_requests_total", endpoint)] == 2
+    assert samples[("cortex_model_rate_limited_total", endpoint)] == 1
+    assert samples[("cortex_model_in_flight", endpoint)] == 0
+    assert samples[("cortex_model_waiting", endpoint)] == 0
