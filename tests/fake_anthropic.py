@@ -10,9 +10,20 @@
         api.stream_log("m")       # per request: [(monotonic time, text chars sent so far), ...]
         api.outcomes("m")         # per request: "complete", "failed", "dropped", ...
 
-The same scripting as `tests/fake_llm.py` (whose lifecycle, bookkeeping and HTTP plumbing it
-reuses): each request for a model pops that model's next `Turn`; a request with none left gets
-a 400 naming the model. `POST /v1/messages` with `"stream": true` gets the Messages stream, one
+    # a real provider's rate limits, for every model (each its own) or one model:
+    with FakeAnthropic(rate_limit=RateLimit(requests_per_window=50, window_s=60)) as api:
+        api.limit("m", RateLimit(max_in_flight=4, tokens_per_window=40_000))
+        api.script_default("m", lambda body: Turn(text="Hello"))
+        ...
+        api.refused("m")             # how many requests the limiter answered with 429
+        api.admitted("m")            # per admitted request: (monotonic admitted, finished or None)
+        api.in_flight("m")           # admitted requests whose answer is not finished yet
+        api.max_in_flight_seen("m")  # the peak of in_flight
+
+The same scripting as `tests/fake_llm.py` (whose lifecycle, bookkeeping, rate limiter and HTTP
+plumbing it reuses): each request for a model pops that model's next `Turn`; a request with
+none left is answered by the model's default (`script_default`), or without one gets a 400
+naming the model. `POST /v1/messages` with `"stream": true` gets the Messages stream, one
 server-sent event per HTTP chunk (`event: <type>` and `data: <json>`): `message_start` (with
 the usage so far), `ping`, then a `text` block whose `text_delta`s are paced at
 `tokens_per_second` (one delta = one token of `chunk_chars` characters), then one `tool_use`
@@ -26,6 +37,18 @@ Requests are checked as the API does, in the few ways that matter here: the
 otherwise). The event payloads follow the official SDK's types
 (`anthropic.types.RawMessageStreamEvent`); tests/unit/test_anthropic.py checks every event
 sent against them.
+
+Rate limits (`RateLimit`, from tests/fake_llm.py) are applied as there, after the request's
+checks (an invalid request is answered 400 and counts against nothing), with Anthropic's
+headers: a refused request gets a 429 `rate_limit_error` (Anthropic's overload is a scripted
+529, not a rate limit) with `retry-after` (whole seconds) and, like every answer to an admitted
+request, `anthropic-ratelimit-requests-limit`, `-requests-remaining` and `-requests-reset` (an
+RFC 3339 UTC timestamp with milliseconds: when the window is wholly free again, "fully
+replenished" in Anthropic's words). With `tokens_per_window` also `anthropic-ratelimit-tokens-`
+and `anthropic-ratelimit-input-tokens-` `limit`/`remaining`/`reset`, both the fake's one budget
+of a request's estimated tokens (its system and messages' JSON length / 4, as
+`usage.input_tokens` reports them, plus `max_tokens`), and not rounded to thousands as
+Anthropic's are.
 """
 
 from __future__ import annotations
@@ -34,12 +57,13 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fake_llm import FakeLLM, _Dropped, _Handler, _tokens
+from tests.fake_llm import FakeLLM, RateLimit, _Admission, _Dropped, _Handler, _rfc3339, _tokens
 
-__all__ = ["ERROR_TYPES", "FakeAnthropic", "Turn"]
+__all__ = ["ERROR_TYPES", "FakeAnthropic", "RateLimit", "Turn"]
 
 #: Anthropic's error type for each HTTP status.
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
@@ -93,8 +117,9 @@ class FakeAnthropic(FakeLLM):
 
     _name = "fake-anthropic"
 
-    def __init__(self, host: str = "127.0.0.1", *, keep_alive: bool = True) -> None:
-        super().__init__(host, keep_alive=keep_alive)
+    def __init__(self, host: str = "127.0.0.1", *, keep_alive: bool = True,
+                 rate_limit: RateLimit | None = None) -> None:
+        super().__init__(host, keep_alive=keep_alive, rate_limit=rate_limit)
         self._events: dict[str, list[list[dict[str, Any]]]] = {}
 
     @property
@@ -105,23 +130,33 @@ class FakeAnthropic(FakeLLM):
         """Append turns for `model`; each request pops the next one."""
         super().script(model, turns)  # type: ignore[arg-type]
 
+    def script_default(self, model: str,  # type: ignore[override]
+                       make: Callable[[dict[str, Any]], Turn] | None) -> None:
+        """Answer a request for `model` that finds no scripted turn left with `make(its JSON
+        body)` instead of a 400; None: the 400 again."""
+        super().script_default(model, make)  # type: ignore[arg-type]
+
     def events(self, model: str) -> list[list[dict[str, Any]]]:
         """Per request: the payload of every server-sent event written, in order."""
         with self._lock:
             return [list(sent) for sent in self._events.get(model, [])]
 
+    def _new_request(self, model: str, body: dict[str, Any], headers: dict[str, str],
+                     outcome: str) -> int:
+        self._events.setdefault(model, []).append([])
+        return super()._new_request(model, body, headers, outcome)
+
     def _record(self, model: str, body: dict[str, Any], headers: dict[str, str], *,
                 take: bool = True) -> tuple[int, Turn | None]:  # type: ignore[override]
-        """Record a request; pop its turn unless `take` is False (a request the API refuses)."""
+        """Record a request; pop its turn (or make the default one) unless `take` is False (a
+        request the API refuses)."""
         with self._lock:
-            requests = self._requests.setdefault(model, [])
-            requests.append({**body, "received_at": time.monotonic()})
-            self._headers.setdefault(model, []).append(headers)
-            self._logs.setdefault(model, []).append([])
-            self._outcomes.setdefault(model, []).append("streaming")
-            self._events.setdefault(model, []).append([])
+            index = self._new_request(model, body, headers, "streaming")
             turns = self._turns.get(model)
-            return len(requests) - 1, (turns.pop(0) if take and turns else None)
+            turn = turns.pop(0) if take and turns else None
+        if take and turn is None:
+            turn = self._default_turn(model, body)
+        return index, turn
 
     def _sent(self, model: str, index: int, payload: dict[str, Any]) -> None:
         with self._lock:
@@ -169,11 +204,24 @@ class _MessagesHandler(_Handler):
         headers = {k.lower(): v for k, v in self.headers.items()}
         fake = self.fake
         problem = self._invalid(body, headers)
-        index, turn = fake._record(model, body, headers, take=problem is None)
         if problem:
+            index, _ = fake._record(model, body, headers, take=False)
             fake._outcome(model, index, "invalid")
             self._error(400, problem)
             return
+        admission = fake._admit(model, body, headers, lambda: self._token_cost(body))
+        if admission.slot is None:
+            self._rate_limited(model, admission)
+            return
+        self._rate_headers = self._limit_headers(admission)
+        try:
+            self._answer(model, body, headers)
+        finally:
+            fake._finish(model, admission.slot)
+
+    def _answer(self, model: str, body: dict[str, Any], headers: dict[str, str]) -> None:
+        fake = self.fake
+        index, turn = fake._record(model, body, headers)
         if turn is None:
             fake._outcome(model, index, "no_turn")
             self._error(400, f"FakeAnthropic has no scripted turn left for model {model!r} "
@@ -197,6 +245,36 @@ class _MessagesHandler(_Handler):
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
             fake._outcome(model, index, "client_disconnected")
             self.close_connection = True
+
+    # -- rate limits --------------------------------------------------------------------------
+    def _token_cost(self, body: dict[str, Any]) -> int:
+        prompt = _tokens(len(json.dumps([body.get("system"), body.get("messages", [])])))
+        most = body.get("max_tokens")
+        return prompt + (most if isinstance(most, int) else 0)
+
+    def _limit_headers(self, a: _Admission) -> dict[str, str]:
+        """Anthropic's rate-limit headers for the window `a` left."""
+        limit = a.limit
+        if limit is None:
+            return {}
+        reset = _rfc3339(a.empties_at())
+        headers: dict[str, str] = {}
+        if limit.requests_per_window is not None:
+            headers["anthropic-ratelimit-requests-limit"] = str(limit.requests_per_window)
+            headers["anthropic-ratelimit-requests-remaining"] = str(
+                max(0, limit.requests_per_window - a.requests))
+            headers["anthropic-ratelimit-requests-reset"] = reset
+        if limit.tokens_per_window is not None:
+            remaining = str(max(0, limit.tokens_per_window - a.tokens))
+            for kind in ("tokens", "input-tokens"):
+                headers[f"anthropic-ratelimit-{kind}-limit"] = str(limit.tokens_per_window)
+                headers[f"anthropic-ratelimit-{kind}-remaining"] = remaining
+                headers[f"anthropic-ratelimit-{kind}-reset"] = reset
+        return headers
+
+    def _rate_limited(self, model: str, a: _Admission) -> None:
+        """Refuse a request as Anthropic does."""
+        self._error(429, self._limit_message(model, a), self._refusal_headers(a))
 
     @staticmethod
     def _invalid(body: dict[str, Any], headers: dict[str, str]) -> str | None:

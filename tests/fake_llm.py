@@ -9,15 +9,45 @@
         llm.token_times("m")   # per request: when each token (text or tool-call piece) was sent
         llm.outcomes("m")      # per request: "complete", "client_disconnected", "dropped", ...
 
-Each request for a model pops that model's next `Turn`; a request with none left gets a 400
-naming the model. Streaming requests (`"stream": true`) get `chat.completion.chunk` server-sent
-events written one chunk at a time (HTTP/1.1 chunked encoding), paced at
-`tokens_per_second` with one chunk = one token of `chunk_chars` characters; tool calls are sent
-as OpenAI-style fragments (id and name first, then the arguments in pieces). Non-streaming
-requests get a plain `chat.completion`. Connections are kept alive between requests, as
-real providers keep them (`keep_alive=False` closes each after its answer); closing the
-server closes them too, so a client's pooled connection never reaches a stopped server. The
-server runs in a background thread (`http.server.ThreadingHTTPServer`, no extra
+    # a real provider's rate limits, for every model (each its own) or one model:
+    with FakeLLM(rate_limit=RateLimit(requests_per_window=10, window_s=1.0)) as llm:
+        llm.limit("m", RateLimit(max_in_flight=4, tokens_per_window=20_000))
+        llm.script_default("m", lambda body: Turn(text="<thought>ok</thought>"))
+        ...
+        llm.refused("m")             # how many requests the limiter answered with 429
+        llm.admitted("m")            # per admitted request: (monotonic admitted, finished or None)
+        llm.in_flight("m")           # admitted requests whose answer is not finished yet
+        llm.max_in_flight_seen("m")  # the peak of in_flight
+
+Each request for a model pops that model's next `Turn`; a request with none left is answered
+by the model's default (`script_default(model, make)`: `make(request body)` returns the
+`Turn`), or without one gets a 400 naming the model. Streaming requests (`"stream": true`) get
+`chat.completion.chunk` server-sent events written one chunk at a time (HTTP/1.1 chunked
+encoding), paced at `tokens_per_second` with one chunk = one token of `chunk_chars`
+characters; tool calls are sent as OpenAI-style fragments (id and name first, then the
+arguments in pieces). Non-streaming requests get a plain `chat.completion`.
+
+Rate limits (`RateLimit`) work as a provider's: a sliding window of `window_s` seconds admits a
+request while fewer than `requests_per_window` were admitted in it and their estimated tokens
+plus its own stay within `tokens_per_window` (a request's tokens: its messages' JSON length / 4,
+rounded up, as `usage.prompt_tokens` reports them, plus its `max_tokens` or
+`max_completion_tokens`); `max_in_flight` admits a request while fewer admitted ones are still
+being answered (a stream until its last byte). A refused request pops no turn: it gets a 429
+with OpenAI's error body (`{"error": {"message", "type": "requests" | "tokens", "param",
+"code": "rate_limit_exceeded"}}`), `retry-after` (whole seconds, `RateLimit.retry_after_s`
+rounded up; none when that is None) and the rate-limit headers; it is recorded among
+`requests()` with the outcome `rate_limited`. Every answer to an admitted request carries the
+headers too (a turn's own `headers` win): `x-ratelimit-limit-requests`,
+`x-ratelimit-remaining-requests` (after this request), `x-ratelimit-reset-requests` (the time
+until the window frees a request, written as OpenAI writes it: `0s`, `250ms`, `1.5s`, `6m0s`),
+and the same `-tokens` triple when tokens are limited. Each model has its own window; the
+window counts the requests admitted while a limit applies. Admissions and in-flight counts are
+kept with or without a limit (`admitted`, `max_in_flight_seen`), so a test can check a client's
+own limiter against a server that refuses nothing.
+
+Connections are kept alive between requests, as real providers keep them (`keep_alive=False`
+closes each after its answer); closing the server closes them too, so a client's pooled
+connection never reaches a stopped server. The server runs in a background thread (`http.server.ThreadingHTTPServer`, no extra
 dependencies); workers reach it over HTTP, so it serves other processes too. Times are
 `time.monotonic()`, comparable within this machine.
 """
@@ -25,17 +55,20 @@ dependencies); workers reach it over HTTP, so it serves other processes too. Tim
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import math
 import socket
 import threading
 import time
 import uuid
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
-__all__ = ["HOLD_TIMEOUT_S", "FakeLLM", "Turn"]
+__all__ = ["HOLD_TIMEOUT_S", "FakeLLM", "RateLimit", "Turn"]
 
 #: The longest a `Turn.holds` entry holds its stream when its event is never set.
 HOLD_TIMEOUT_S = 60.0
@@ -74,6 +107,100 @@ class Turn:
     error_message: str | None = None
     end_token: bool = False
     holds: dict[int, threading.Event] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """A provider's limits on one model (see the module's docstring); None: no such limit.
+
+    `requests_per_window`: requests admitted per sliding window of `window_s` seconds;
+    `max_in_flight`: admitted requests still being answered; `tokens_per_window`: estimated
+    tokens (prompt + `max_tokens`) admitted per window; `retry_after_s`: the `retry-after` of a
+    429, rounded up to whole seconds (no header when None).
+    """
+
+    requests_per_window: int | None = None
+    window_s: float = 1.0
+    max_in_flight: int | None = None
+    tokens_per_window: int | None = None
+    retry_after_s: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.window_s > 0:
+            raise ValueError(f"RateLimit.window_s must be positive, not {self.window_s}")
+        for name in ("requests_per_window", "max_in_flight", "tokens_per_window"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"RateLimit.{name} must not be negative, not {value}")
+
+
+@dataclass
+class _Slot:
+    """One admitted request: when admitted, when its answer finished."""
+
+    at: float
+    finished: float | None = None
+
+
+@dataclass
+class _Load:
+    """One model's limiter state and bookkeeping."""
+
+    window: deque[tuple[float, int]] = field(default_factory=deque)  # (admitted at, tokens)
+    window_tokens: int = 0
+    admitted: list[_Slot] = field(default_factory=list)
+    in_flight: int = 0
+    peak: int = 0
+    refused: int = 0
+
+
+@dataclass(frozen=True)
+class _Admission:
+    """The limiter's answer to one request, and the window as it left it."""
+
+    limit: RateLimit | None
+    now: float
+    slot: int | None  # the request's index in `admitted`; None: refused
+    reason: str | None  # why refused: "requests", "tokens" or "in_flight"
+    requests: int  # admitted in the window (this one included when admitted)
+    tokens: int  # their tokens
+    cost: int  # this request's tokens (0 unless tokens are limited)
+    oldest: float | None  # when the window's oldest and newest requests were admitted
+    newest: float | None
+    in_flight: int
+
+    def frees_at(self) -> float:
+        """When the window next frees a request (and its tokens): now if it is empty."""
+        assert self.limit is not None
+        return self.now if self.oldest is None else self.oldest + self.limit.window_s
+
+    def empties_at(self) -> float:
+        """When the window is wholly free again."""
+        assert self.limit is not None
+        return self.now if self.newest is None else self.newest + self.limit.window_s
+
+
+def _duration(seconds: float) -> str:
+    """A duration as OpenAI's rate-limit headers write it (Go's style, in whole milliseconds
+    rounded up): `0s`, `12ms`, `1s`, `1.5s`, `6m0s`, `1h2m3.5s`."""
+    ms = max(0, math.ceil(round(seconds * 1000, 6)))
+    if ms == 0:
+        return "0s"
+    if ms < 1000:
+        return f"{ms}ms"
+    minutes, ms = divmod(ms, 60_000)
+    hours, minutes = divmod(minutes, 60)
+    secs = f"{ms / 1000:.3f}".rstrip("0").rstrip(".")
+    if not hours and not minutes:
+        return f"{secs}s"
+    return (f"{hours}h" if hours else "") + f"{minutes}m{secs}s"
+
+
+def _rfc3339(at: float) -> str:
+    """A `time.monotonic()` instant as an RFC 3339 UTC timestamp, milliseconds rounded up."""
+    wall = time.time() + (at - time.monotonic())
+    stamp = datetime.datetime.fromtimestamp(math.ceil(wall * 1000) / 1000, datetime.UTC)
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class _Dropped(Exception):
@@ -117,10 +244,15 @@ class FakeLLM:
     _handler: type[BaseHTTPRequestHandler]  # set below the handler's class
     _name = "fake-llm"
 
-    def __init__(self, host: str = "127.0.0.1", *, keep_alive: bool = True) -> None:
+    def __init__(self, host: str = "127.0.0.1", *, keep_alive: bool = True,
+                 rate_limit: RateLimit | None = None) -> None:
         self._host = host
         self.keep_alive = keep_alive
         self._lock = threading.Lock()
+        self._rate_limit = rate_limit
+        self._limits: dict[str, RateLimit | None] = {}
+        self._loads: dict[str, _Load] = {}
+        self._defaults: dict[str, Callable[[dict[str, Any]], Any]] = {}
         self._closing = threading.Event()
         self._turns: dict[str, list[Turn]] = {}
         self._requests: dict[str, list[dict[str, Any]]] = {}
@@ -179,6 +311,47 @@ class FakeLLM:
         with self._lock:
             self._turns.setdefault(model, []).extend(turns)
 
+    def script_default(self, model: str, make: Callable[[dict[str, Any]], Turn] | None) -> None:
+        """Answer a request for `model` that finds no scripted turn left with `make(its JSON
+        body)` (called in the serving thread, without the server's lock held) instead of a 400;
+        None: the 400 again."""
+        with self._lock:
+            if make is None:
+                self._defaults.pop(model, None)
+            else:
+                self._defaults[model] = make
+
+    def limit(self, model: str, rate_limit: RateLimit | None) -> None:
+        """Limit `model` by `rate_limit` instead of the server's `rate_limit` (None: no limit
+        for it). Its window keeps the requests admitted so far."""
+        with self._lock:
+            self._limits[model] = rate_limit
+
+    def refused(self, model: str) -> int:
+        """How many requests for `model` the rate limiter answered with a 429."""
+        with self._lock:
+            load = self._loads.get(model)
+            return load.refused if load else 0
+
+    def admitted(self, model: str) -> list[tuple[float, float | None]]:
+        """Per request for `model` past the rate limiter (with or without a limit), in order:
+        (when admitted, when its answer finished or None while it is being answered)."""
+        with self._lock:
+            load = self._loads.get(model)
+            return [(slot.at, slot.finished) for slot in load.admitted] if load else []
+
+    def in_flight(self, model: str) -> int:
+        """How many admitted requests for `model` are being answered now."""
+        with self._lock:
+            load = self._loads.get(model)
+            return load.in_flight if load else 0
+
+    def max_in_flight_seen(self, model: str) -> int:
+        """The most requests for `model` being answered at once so far."""
+        with self._lock:
+            load = self._loads.get(model)
+            return load.peak if load else 0
+
     def remaining(self, model: str) -> int:
         """How many scripted turns of `model` are not yet used."""
         with self._lock:
@@ -207,22 +380,83 @@ class FakeLLM:
 
     def outcomes(self, model: str) -> list[str]:
         """Per request: `complete`, `failed` (fail_status), `dropped` (fail_after_chars),
-        `client_disconnected`, `no_turn`, or `streaming` while still in progress."""
+        `client_disconnected`, `no_turn`, `rate_limited` (refused with a 429), or `streaming`
+        while still in progress."""
         with self._lock:
             return list(self._outcomes.get(model, []))
 
     # -- used by the handler --------------------------------------------------------------------
+    def _new_request(self, model: str, body: dict[str, Any], headers: dict[str, str],
+                     outcome: str) -> int:
+        """Start the bookkeeping of a request (the caller holds the lock); its index."""
+        requests = self._requests.setdefault(model, [])
+        requests.append({**body, "received_at": time.monotonic()})
+        self._headers.setdefault(model, []).append(headers)
+        self._logs.setdefault(model, []).append([])
+        self._ticks.setdefault(model, []).append([])
+        self._outcomes.setdefault(model, []).append(outcome)
+        return len(requests) - 1
+
     def _record(self, model: str, body: dict[str, Any], headers: dict[str, str]
                 ) -> tuple[int, Turn | None]:
         with self._lock:
-            requests = self._requests.setdefault(model, [])
-            requests.append({**body, "received_at": time.monotonic()})
-            self._headers.setdefault(model, []).append(headers)
-            self._logs.setdefault(model, []).append([])
-            self._ticks.setdefault(model, []).append([])
-            self._outcomes.setdefault(model, []).append("streaming")
+            index = self._new_request(model, body, headers, "streaming")
             turns = self._turns.get(model)
-            return len(requests) - 1, (turns.pop(0) if turns else None)
+            turn = turns.pop(0) if turns else None
+        return index, (turn if turn is not None else self._default_turn(model, body))
+
+    def _default_turn(self, model: str, body: dict[str, Any]) -> Any:
+        with self._lock:
+            make = self._defaults.get(model)
+        return None if make is None else make(body)
+
+    def _admit(self, model: str, body: dict[str, Any], headers: dict[str, str],
+               cost: Callable[[], int]) -> _Admission:
+        """Admit a request to `model` or refuse it (recording it as `rate_limited`), as the
+        model's limit says; `cost()`: its tokens, asked for only when tokens are limited."""
+        with self._lock:
+            now = time.monotonic()
+            limit = self._limits.get(model, self._rate_limit)
+            load = self._loads.setdefault(model, _Load())
+            tokens = 0
+            reason = None
+            if limit is not None:
+                while load.window and load.window[0][0] <= now - limit.window_s:
+                    load.window_tokens -= load.window.popleft()[1]
+                if limit.tokens_per_window is not None:
+                    tokens = cost()
+                if (limit.requests_per_window is not None
+                        and len(load.window) >= limit.requests_per_window):
+                    reason = "requests"
+                elif (limit.tokens_per_window is not None
+                        and load.window_tokens + tokens > limit.tokens_per_window):
+                    reason = "tokens"
+                elif limit.max_in_flight is not None and load.in_flight >= limit.max_in_flight:
+                    reason = "in_flight"
+            slot = None
+            if reason is None:
+                if limit is not None:
+                    load.window.append((now, tokens))
+                    load.window_tokens += tokens
+                load.admitted.append(_Slot(now))
+                slot = len(load.admitted) - 1
+                load.in_flight += 1
+                load.peak = max(load.peak, load.in_flight)
+            else:
+                load.refused += 1
+                self._new_request(model, body, headers, "rate_limited")
+            return _Admission(
+                limit=limit, now=now, slot=slot, reason=reason, requests=len(load.window),
+                tokens=load.window_tokens, cost=tokens,
+                oldest=load.window[0][0] if load.window else None,
+                newest=load.window[-1][0] if load.window else None, in_flight=load.in_flight)
+
+    def _finish(self, model: str, slot: int) -> None:
+        """The answer to the admitted request `slot` is finished (or abandoned)."""
+        with self._lock:
+            load = self._loads[model]
+            load.admitted[slot].finished = time.monotonic()
+            load.in_flight -= 1
 
     def _log(self, model: str, index: int, chars: int) -> None:
         with self._lock:
@@ -260,17 +494,23 @@ def _arguments_text(call: dict[str, Any]) -> str:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     fake: FakeLLM  # set on the subclass made by FakeLLM.start
+    _rate_headers: dict[str, str]  # the rate-limit headers of the answer to this request
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
 
+    def handle_one_request(self) -> None:
+        self._rate_headers = {}
+        super().handle_one_request()
+
     # -- plumbing ---------------------------------------------------------------------------
     def _end_headers(self, headers: dict[str, str]) -> None:
-        """Send `headers` and end the head; without keep-alive, say the connection closes."""
+        """Send `headers` (after the rate-limit headers, which they override) and end the head;
+        without keep-alive, say the connection closes."""
         if not self.fake.keep_alive:
             self.send_header("Connection", "close")
             self.close_connection = True
-        for name, value in headers.items():
+        for name, value in {**self._rate_headers, **headers}.items():
             self.send_header(name, value)
         self.end_headers()
 
@@ -305,7 +545,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path.rstrip("/").endswith("/models"):
             with self.fake._lock:
-                models = sorted(self.fake._turns)
+                models = sorted(set(self.fake._turns) | set(self.fake._defaults))
             self._send_json(200, {"object": "list", "data": [
                 {"id": m, "object": "model", "owned_by": "fake-llm"} for m in models]})
         else:
@@ -324,6 +564,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, "FakeLLM: the request body must be JSON with a 'model'")
             return
         headers = {k.lower(): v for k, v in self.headers.items()}
+        fake = self.fake
+        admission = fake._admit(model, body, headers, lambda: self._token_cost(body))
+        if admission.slot is None:
+            self._rate_limited(model, admission)
+            return
+        self._rate_headers = self._limit_headers(admission)
+        try:
+            self._answer(model, body, headers)
+        finally:
+            fake._finish(model, admission.slot)
+
+    def _answer(self, model: str, body: dict[str, Any], headers: dict[str, str]) -> None:
         fake = self.fake
         index, turn = fake._record(model, body, headers)
         if turn is None:
@@ -348,6 +600,64 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
             fake._outcome(model, index, "client_disconnected")
             self.close_connection = True
+
+    # -- rate limits --------------------------------------------------------------------------
+    def _token_cost(self, body: dict[str, Any]) -> int:
+        """The tokens a request counts against `tokens_per_window`: its prompt as `usage`
+        reports it, plus the most it asks to generate."""
+        prompt = _tokens(len(json.dumps(body.get("messages", []))))
+        most = body.get("max_completion_tokens") or body.get("max_tokens")
+        return prompt + (most if isinstance(most, int) else 0)
+
+    def _limit_headers(self, a: _Admission) -> dict[str, str]:
+        """OpenAI's rate-limit headers for the window `a` left."""
+        limit = a.limit
+        if limit is None:
+            return {}
+        reset = _duration(a.frees_at() - a.now)
+        headers: dict[str, str] = {}
+        if limit.requests_per_window is not None:
+            headers["x-ratelimit-limit-requests"] = str(limit.requests_per_window)
+            headers["x-ratelimit-remaining-requests"] = str(
+                max(0, limit.requests_per_window - a.requests))
+            headers["x-ratelimit-reset-requests"] = reset
+        if limit.tokens_per_window is not None:
+            headers["x-ratelimit-limit-tokens"] = str(limit.tokens_per_window)
+            headers["x-ratelimit-remaining-tokens"] = str(
+                max(0, limit.tokens_per_window - a.tokens))
+            headers["x-ratelimit-reset-tokens"] = reset
+        return headers
+
+    def _refusal_headers(self, a: _Admission) -> dict[str, str]:
+        headers = self._limit_headers(a)
+        assert a.limit is not None
+        if a.limit.retry_after_s is not None:
+            headers["retry-after"] = str(max(0, math.ceil(a.limit.retry_after_s)))
+        return headers
+
+    @staticmethod
+    def _limit_message(model: str, a: _Admission) -> str:
+        limit = a.limit
+        assert limit is not None
+        if a.reason == "in_flight":
+            return (f"Too many concurrent requests for {model}: Limit {limit.max_in_flight}, "
+                    f"In flight {a.in_flight}. Please try again once one has finished.")
+        per = _duration(limit.window_s)
+        again = _duration(a.frees_at() - a.now)
+        if a.reason == "tokens":
+            return (f"Rate limit reached for {model} on tokens per {per}: Limit "
+                    f"{limit.tokens_per_window}, Used {a.tokens}, Requested {a.cost}. "
+                    f"Please try again in {again}.")
+        return (f"Rate limit reached for {model} on requests per {per}: Limit "
+                f"{limit.requests_per_window}, Used {a.requests}, Requested 1. "
+                f"Please try again in {again}.")
+
+    def _rate_limited(self, model: str, a: _Admission) -> None:
+        """Refuse a request as OpenAI does."""
+        self._send_json(429, {"error": {
+            "message": self._limit_message(model, a),
+            "type": "tokens" if a.reason == "tokens" else "requests", "param": None,
+            "code": "rate_limit_exceeded"}}, self._refusal_headers(a))
 
     # -- answers ------------------------------------------------------------------------------
     def _usage(self, body: dict[str, Any], turn: Turn) -> dict[str, int]:
