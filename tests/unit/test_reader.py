@@ -453,12 +453,13 @@ def test_a_stall_is_a_timeout_after_timeout_s(
 
     server = serve(answer)
     take = Collect()
-    started = time.monotonic()
+    # the message names the timer that fired: the read timeout (timeout_s), not the server
+    # closing the connection when its stall ends ("closed the connection mid-response")
     with pytest.raises(ModelError, match=r"sent nothing for 0\.5 s \(timeout_s\)") as info:
         chat(server, client, take, timeout_s=0.5)
-    assert time.monotonic() - started >= 0.5  # the message names the timer that fired
-    assert take.texts == ["a", "b"]
+    assert take.texts == ["a", "b"]  # it fired in the silence after "b", not before
     assert info.value.retryable
+    assert (info.value.streamed, info.value.attempts, server.requests) == (2, 1, 1)
 
 
 def test_a_stream_read_to_its_end_leaves_its_connection_for_the_next(
@@ -513,11 +514,11 @@ def test_a_body_whose_end_never_comes_after_done_ends_and_its_connection_is_drop
     server = serve(answer)
     for n in (1, 2):
         take = Collect()
-        start = time.monotonic()
-        chat(server, client, take, timeout_s=120)
+        # the read timeout is an hour: only the drain can end this stream while the test
+        # runs (without it, the test would hang there)
+        chat(server, client, take, timeout_s=3600)
         assert take.texts == [f"answer {n}"]
-        assert time.monotonic() - start < 60  # ended by the drain, not by the read timeout
-    assert (server.requests, server.connections) == (2, 2)
+    assert (server.requests, server.connections) == (2, 2)  # each dropped after its drain
 
 
 @pytest.mark.parametrize("stop", ["break", "close"])

@@ -1,6 +1,8 @@
 """How `Stack.stop` ends processes that will not stop by themselves (as Flower sometimes
-will not): real processes, since stopping them is the thing under test. And how `Stack.start`
-refuses, before it starts anything, ports and a log directory that another stack holds."""
+will not), after their grace or, once a second stop signal came, at once: real processes,
+since stopping them is the thing under test, and graces counted on the stop's own clock
+(`StackClock`), not the machine's. And how `Stack.start` refuses, before it starts anything,
+ports and a log directory that another stack holds."""
 
 from __future__ import annotations
 
@@ -9,15 +11,17 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cortex_api import stack as stack_module
 from cortex_api.stack import (
     GRACE_S,
     STOP_SIGNALS,
+    Proc,
     Stack,
     StackError,
     free_port,
@@ -41,7 +45,42 @@ time.sleep(60)
 """
 
 
-def test_stop_kills_a_group_past_its_grace_and_what_a_leader_left_behind(tmp_path: Path) -> None:
+class StackClock:
+    """The clock `Stack.stop` reads, in place of the `time` module in cortex_api.stack: it
+    moves only when the stop sleeps between two looks at its processes (and it does sleep
+    that long), so a grace is counted in the stop's own passes, however busy the machine.
+    `signals`: each signal the stack sent, as (process name, signal, this clock then);
+    `on_sleep`: called at the stop's first sleep (a signal that arrives while it waits)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 0.0
+        self.signals: list[tuple[str, int, float]] = []
+        self.on_sleep: Callable[[], None] | None = None
+        send = Proc.signal
+
+        def recorded(proc: Proc, sig: int) -> None:
+            self.signals.append((proc.name, sig, self.now))
+            send(proc, sig)
+
+        monkeypatch.setattr(Proc, "signal", recorded)
+        monkeypatch.setattr(stack_module, "time", self)
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+        self.now = round(self.now + seconds, 6)
+        if self.on_sleep is not None:
+            call, self.on_sleep = self.on_sleep, None
+            call()
+
+    def sent(self, name: str) -> list[tuple[int, float]]:
+        return [(sig, at) for who, sig, at in self.signals if who == name]
+
+
+def test_stop_kills_a_group_past_its_grace_and_what_a_leader_left_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stack = Stack(Settings(), tmp_path)
     stubborn = stack._spawn("stubborn", [sys.executable, "-c", STUBBORN], grace=0.5)
     leaver = stack._spawn("leaver", [sys.executable, "-c", LEAVER])
@@ -52,15 +91,42 @@ def test_stop_kills_a_group_past_its_grace_and_what_a_leader_left_behind(tmp_pat
         tree = {pid: info for pid, info in harness.process_tree(os.getpid()).items()
                 if info[1] in groups}
         assert len(tree) == 3, tree
-        started = time.monotonic()
+        clock = StackClock(monkeypatch)
         stack.stop()
-        took = time.monotonic() - started
     finally:
         stack.stop()  # a no-op, unless the test failed before its own
-    assert 0.5 <= took < GRACE_S, took  # the stubborn one's grace, not the default one
+    # SIGTERM to each group at once; the stubborn one's SIGKILL once its own grace (0.5 s)
+    # was over on the stop's clock, not the default one (GRACE_S)
+    (term, at_term), (kill, at_kill) = clock.sent("stubborn")
+    assert (term, at_term, kill) == (signal.SIGTERM, 0.0, signal.SIGKILL)
+    assert stubborn.grace <= at_kill < GRACE_S, clock.signals
     assert stubborn.popen.returncode == -signal.SIGKILL
+    # the leaver's leader died of the SIGTERM; its group's SIGKILL took the child it left
+    assert [sig for sig, _ in clock.sent("leaver")] == [signal.SIGTERM, signal.SIGKILL]
     assert leaver.popen.returncode == -signal.SIGTERM
     assert harness.left_behind(tree, timeout=2) == []  # the leaver's child too
+
+
+def test_a_stop_signal_while_it_stops_kills_what_is_left_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second SIGTERM (SIGINT, SIGHUP) while the stack stops, as an impatient supervisor
+    sends: the stop goes on, and a process inside its grace gets SIGKILL at the next pass."""
+    stack = Stack(Settings(), tmp_path)
+    patient = stack._spawn("patient", [sys.executable, "-c", STUBBORN])  # the default grace
+    try:
+        harness.wait_until(lambda: "ready" in patient.log.read_text(), timeout=15,
+                           interval=0.05)
+        clock = StackClock(monkeypatch)
+        clock.on_sleep = lambda: stack._on_signal(signal.SIGTERM, None)  # the handler `start` sets
+        stack.stop()
+    finally:
+        stack.stop()
+    # SIGTERM, the signal during the first wait, SIGKILL at the next pass: one pass of the
+    # stop's clock into a grace of GRACE_S
+    assert clock.sent("patient") == [(signal.SIGTERM, 0.0), (signal.SIGKILL, 0.05)]
+    assert patient.grace == GRACE_S
+    assert patient.popen.returncode == -signal.SIGKILL
+    assert stack.procs == []
 
 
 @pytest.fixture
