@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from cortex_worker.pools import BY_NAME, NAMES, UP
+from cortex_worker.pools import BY_NAME, NAMES, UP, lanes
 from cortex_worker.protocol.document import Document, load_document
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ def worker(
         console.print(line if ok else f"[red]{line}[/]", highlight=False)
         if not ok:
             raise typer.Exit(2)
-    argv = ["worker", "-Q", pool, "-n", hostname or f"{pool}@%h", f"--loglevel={loglevel}",
+    argv = ["worker", "-Q", ",".join(lanes(pool)), "-n", hostname or f"{pool}@%h", f"--loglevel={loglevel}",
             "--without-gossip", "--without-mingle"]
     spec = BY_NAME[pool]
     if spec.threaded:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
-from cortex_worker.pools import NAMES
+from cortex_worker.pools import NAMES, lanes
 from cortex_worker.settings import Settings, get_settings
 from cortex_worker.store.state import MAX_CONNECTIONS
 from cortex_worker.worker import kombu_fixes as broker
@@ -23,7 +23,8 @@ def create_app(settings: Settings | None = None) -> Celery:
     app = Celery("cortex", broker=settings.broker, backend=settings.redis_url,
                  include=["cortex_worker.tasks"], events="cortex_worker.observability.task_events:Events")
     app.conf.update(
-        task_queues=[Queue(name, Exchange(name, type="direct"), routing_key=name) for name in NAMES],
+        task_queues=[Queue(lane, Exchange(pool, type="direct"), routing_key=lane)
+                     for pool in NAMES for lane in lanes(pool)],
         task_default_queue="tool",
         task_default_exchange="tool",
         task_default_routing_key="tool",

@@ -35,7 +35,21 @@ TABLE: tuple[Pool, ...] = (
 )
 
 NAMES: tuple[str, ...] = tuple(pool.name for pool in TABLE)
-"""Every pool, hence every Celery queue."""
+"""Every pool: its queue's first lane has its name."""
+LANES = 16
+"""Each pool's queue is split in this many lanes, the tenants spread over them (one each while
+there are no more tenants than lanes; `actions/fairness.py`). A worker takes from its pool's
+lanes in turn, so one tenant's backlog waits behind its own work, not in front of others'."""
+
+
+def lanes(pool: str) -> tuple[str, ...]:
+    """The Celery queues of a pool: `<pool>` (lane 0, the default tenant's), `<pool>.1` ..."""
+    return (pool, *(f"{pool}.{lane}" for lane in range(1, LANES)))
+
+
+def lane_queue(pool: str, lane: int) -> str:
+    """The queue of one lane of a pool."""
+    return pool if lane == 0 else f"{pool}.{lane}"
 UP: tuple[str, ...] = tuple(pool.name for pool in TABLE if pool.up)
 """The pools `cortex up` and `cortex demo` start unless told otherwise."""
 BY_NAME: dict[str, Pool] = {pool.name: pool for pool in TABLE}

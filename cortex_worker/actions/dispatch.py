@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from celery import Celery
 
-from cortex_worker.actions import table
+from cortex_worker.actions import fairness, table
 from cortex_worker.app import app
 from cortex_worker.handles import get_registry, get_store
 from cortex_worker.jobs import approvals
@@ -125,13 +125,14 @@ def task_id(job_id: str, action_id: str) -> str:
     return f"{job_id}:{action_id}"
 
 
-def queue_of(spec: Mapping[str, Any]) -> str:
-    """The pool queue of an action (the action-type table's route)."""
-    return table.queue_of(get_registry(), spec)
+def queue_of(job_id: str, spec: Mapping[str, Any]) -> str:
+    """The queue of an action: its pool (the action-type table's route), in the lane of its
+    job's tenant (`fairness`)."""
+    return fairness.queue(table.queue_of(get_registry(), spec), job_id)
 
 
 def _options(job_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-    return {"queue": queue_of(spec), "task_id": task_id(job_id, spec["id"]),
+    return {"queue": queue_of(job_id, spec), "task_id": task_id(job_id, spec["id"]),
             "argsrepr": f"({job_id!r}, {spec['id']!r}, {spec['name']!r})"}
 
 
@@ -157,7 +158,8 @@ def send_canvas(job_id: str, step: Step, specs: Mapping[str, Mapping[str, Any]])
         # Celery would otherwise fill with a 36-character id per step that no Cortex result
         # backend reads.
         return app.signature(ACTION_TASK, args=[job_id, action_id], immutable=True,
-                             queue=queue_of(specs[action_id]), task_id=task_id(job_id, action_id),
+                             queue=queue_of(job_id, specs[action_id]),
+                             task_id=task_id(job_id, action_id),
                              reply_to="")
 
     _sending.broker.apply_canvas(to_canvas(step, signature))
@@ -165,19 +167,21 @@ def send_canvas(job_id: str, step: Step, specs: Mapping[str, Mapping[str, Any]])
 
 def start_job(job_id: str) -> None:
     """Queue the start of a job on the agent pool."""
-    _sending.broker.send_task(START_TASK, [job_id], queue="agent", task_id=f"{job_id}:start")
+    _sending.broker.send_task(START_TASK, [job_id], queue=fairness.queue("agent", job_id),
+                              task_id=f"{job_id}:start")
 
 
 def agent_turn(job_id: str, countdown: float | None = None) -> None:
     """Queue an agent job's next turn on the agent pool (in `countdown` seconds, if given)."""
-    _sending.broker.send_task(TURN_TASK, [job_id], queue="agent", countdown=countdown,
-                      argsrepr=f"({job_id!r},)")
+    _sending.broker.send_task(TURN_TASK, [job_id], queue=fairness.queue("agent", job_id),
+                              countdown=countdown, argsrepr=f"({job_id!r},)")
 
 
 def invoke(spec: Mapping[str, Any], *, timeout: float, job_id: str) -> Any:
     """Run one target on its pool outside any plan and wait for its value (context feeds)."""
-    result = _sending.broker.send_task(INVOKE_TASK, [job_id, dict(spec), timeout], queue=queue_of(spec),
-                               argsrepr=f"({job_id!r}, {spec['id']!r}, {spec['name']!r})")
+    result = _sending.broker.send_task(INVOKE_TASK, [job_id, dict(spec), timeout],
+                                       queue=queue_of(job_id, spec),
+                                       argsrepr=f"({job_id!r}, {spec['id']!r}, {spec['name']!r})")
     try:
         outcome = result.get(timeout=timeout + 5, disable_sync_subtasks=False)
     finally:
@@ -189,14 +193,16 @@ def invoke(spec: Mapping[str, Any], *, timeout: float, job_id: str) -> Any:
 
 def deferred_timeout(job_id: str, action_id: str, countdown: float) -> None:
     """Check, once the timeout has passed, that a deferred (child-job) action has ended."""
-    _sending.broker.send_task(DEFERRED_TASK, [job_id, action_id], queue="agent", countdown=countdown,
-                      argsrepr=f"({job_id!r}, {action_id!r})")
+    _sending.broker.send_task(DEFERRED_TASK, [job_id, action_id],
+                              queue=fairness.queue("agent", job_id), countdown=countdown,
+                              argsrepr=f"({job_id!r}, {action_id!r})")
 
 
 def refresh_feed(job_id: str, feed_id: str, generation: int, countdown: float) -> None:
     """Schedule a periodic feed's next refresh on the agent pool."""
-    _sending.broker.send_task(FEED_TASK, [job_id, feed_id, generation], queue="agent",
-                      countdown=countdown, argsrepr=f"({job_id!r}, {feed_id!r})")
+    _sending.broker.send_task(FEED_TASK, [job_id, feed_id, generation],
+                              queue=fairness.queue("agent", job_id), countdown=countdown,
+                              argsrepr=f"({job_id!r}, {feed_id!r})")
 
 
 def refresh_feeds(job_id: str, feeds: Mapping[str, Any],

@@ -25,7 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from cortex_worker.pools import NAMES
+from cortex_worker.pools import NAMES, lanes
 from cortex_worker.protocol.events import JOB_LIVE, JobStatus
 from cortex_worker.store.keys import (
     JOBS_INDEX,
@@ -158,15 +158,15 @@ class CortexCollector(Collector):
         if self.broker is not None:
             pipe = self.broker.pipeline(transaction=False)
             for queue in self.queues:
-                pipe.llen(queue)
-            lengths = pipe.execute()
+                for lane in lanes(queue):
+                    pipe.llen(lane)
+            lengths = iter(pipe.execute())
             family = GaugeMetricFamily("cortex_queue_length",
-                                       "Tasks waiting in each Celery queue (the broker's list).",
-                                       labels=["queue"])
-            for queue, length in zip(self.queues, lengths, strict=True):
-                family.add_metric([queue], int(length))
+                                       "Tasks waiting in each pool's Celery queue (the broker's "
+                                       "lists of its lanes, summed).", labels=["queue"])
+            for queue in self.queues:
+                family.add_metric([queue], sum(int(next(lengths)) for _ in lanes(queue)))
             yield family
-
 
     def _models(self) -> Iterator[Metric]:
         """Each model endpoint's shared limits (llm/limits.py): requests, 429s and waits so

@@ -22,6 +22,8 @@ METRIC_DURATION = f"{PREFIX}:metrics:hist:duration"
 ACTIVE_JOBS = f"{PREFIX}:active"
 #: Held for one pass by the process that reconciles now (one at a time, any may).
 RECONCILER_LOCK = f"{PREFIX}:reconciler"
+#: Hash: tenant -> the lane of each pool's queue its work goes to (`actions/fairness.py`).
+TENANT_LANES = f"{PREFIX}:lanes"
 #: The model endpoints whose limits are kept (`model_keys`): what metrics report on.
 MODELS_INDEX = f"{PREFIX}:models"
 #: The built-in key-value relic's keys start with this (`relic_kv_key`).

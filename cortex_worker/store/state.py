@@ -27,6 +27,7 @@ from cortex_worker.store.keys import (
     JOBS_INDEX,
     MODELS_INDEX,
     SCRIPT_KEYS,
+    TENANT_LANES,
     alive_key,
     job_keys,
     model_keys,
@@ -176,7 +177,7 @@ class Store:
                                       "begin", "redrive", "approval_request", "approval_decide")}
         self._tool_scripts = {name: client.register_script(_lua(name, prelude=False))
                               for name in ("slot_take", "slot_give", "model_take",
-                                           "model_give")}
+                                           "model_give", "tenant_lane")}
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -510,6 +511,11 @@ class Store:
                 "adaptive_max_concurrent": None if cap is None else int(float(cap)),
                 "requests": int(requests or 0), "rate_limited": int(refused or 0),
                 "waits": int(waits or 0)}
+
+    def tenant_lane(self, tenant: str, lanes: int) -> int:
+        """The lane of each pool's queue `tenant`'s work goes to (lua/tenant_lane.lua: given
+        once, to the lane with the fewest tenants)."""
+        return int(self._tool_scripts["tenant_lane"](keys=[TENANT_LANES], args=[tenant, lanes]))
 
     def note_model_endpoint(self, endpoint: str) -> None:
         """List `endpoint` among those whose limits are kept (`model_endpoints`)."""
