@@ -103,13 +103,16 @@ LIVE_DOC = (
 # Records, inside the page, every status the badge shows and whether a bar was seen running
 # (the test polls over DevTools, which could miss a short state on a busy machine).
 RECORDER = """
-window.__cx = {statuses: [], runningBar: false, loadedAt: null, completedAt: null};
+window.__cx = {statuses: [], conns: [], runningBar: false, loadedAt: null, completedAt: null};
 document.addEventListener('DOMContentLoaded', () => {
   window.__cx.loadedAt = performance.now();
   const check = () => {
     const badge = document.getElementById('job-status');
     const seen = window.__cx.statuses;
     if (badge && seen[seen.length - 1] !== badge.textContent) seen.push(badge.textContent);
+    const conn = document.getElementById('conn');
+    const conns = window.__cx.conns;
+    if (conn && conns[conns.length - 1] !== conn.textContent) conns.push(conn.textContent);
     if (badge && badge.textContent === 'completed' && window.__cx.completedAt === null)
       window.__cx.completedAt = performance.now();
     if (document.querySelector('#gantt rect.bar.s-running')) window.__cx.runningBar = true;
@@ -127,7 +130,6 @@ def test_live_page_in_chromium(api: Any, chromium: Chromium, tmp_path: Path) -> 
     job_id = response.json()["id"]
     wait_until(lambda: httpx.get(f"{api.url}/v1/jobs/{job_id}", timeout=5).json()["status"]
                == "running", timeout=10)
-    started = time.monotonic()
     page = chromium.open(f"{api.url}/jobs/{job_id}", init_script=RECORDER)
     try:
         page.wait_for("document.readyState === 'complete'", timeout=10)
@@ -153,7 +155,6 @@ def test_live_page_in_chromium(api: Any, chromium: Chromium, tmp_path: Path) -> 
         # the final state
         page.wait_for("document.getElementById('job-status').textContent === 'completed'",
                       timeout=15)
-        elapsed = time.monotonic() - started
         page.wait_for("document.querySelectorAll('#gantt rect.bar').length === 4", timeout=5)
         bars = page.evaluate("""[...document.querySelectorAll('#gantt rect.bar')].map(r => ({
             id: r.dataset.id, status: r.dataset.status, x: +r.getAttribute('x'),
@@ -172,11 +173,14 @@ def test_live_page_in_chromium(api: Any, chromium: Chromium, tmp_path: Path) -> 
         assert "b said: <b>not bold</b>" in stream
         assert page.evaluate("document.querySelector('#stream b') === null")
         assert page.evaluate("document.getElementById('conn').textContent") == "ended"
+        # the page followed the job live on one event stream, to its end: never dropped,
+        # never reconnecting, never disconnected
+        conns = page.evaluate("window.__cx.conns")
+        assert conns[-1] == "ended" and not {"reconnecting…", "disconnected"} & set(conns), conns
         assert not [m for m in page.console if m.startswith("exception")], page.console
         shot = page.screenshot(tmp_path / "job-page.png")
         assert shot.stat().st_size > 10_000
         _keep(running_shot, shot)
-        assert elapsed < 20
     finally:
         page.close()
 

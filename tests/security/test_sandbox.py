@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -203,7 +204,6 @@ time.sleep(120)
 
 def test_fork_bomb_is_contained_by_timeout_and_group_kill(stack: Stack) -> None:
     before = len(processes_under(stack.workspaces))
-    started = time.monotonic()
     peak = [0]
     stop = threading.Event()
 
@@ -219,8 +219,9 @@ def test_fork_bomb_is_contained_by_timeout_and_group_kill(stack: Stack) -> None:
         stop.set()
         watcher.join()
     data = failed(events, "bomb")
+    # its 4 s timeout ended it, not the two minutes its processes sleep
     assert data["status"] == "timeout", data
-    assert time.monotonic() - started < 30
+    assert data["error"].startswith("timed out after 4s"), data
     user = tool_user(Settings())
     print(f"fork bomb: peak {peak[0]} processes in job workspaces, tools run as uid "
           f"{user[0] if user else os.getuid()} (RLIMIT_NPROC binds for any uid but root)")
@@ -239,11 +240,11 @@ def test_memory_past_the_limit_fails_cleanly(stack: Stack) -> None:
 
 
 def test_infinite_loop_times_out(stack: Stack) -> None:
-    started = time.monotonic()
     _, events = run(stack, python_action("spin", "while True:\n    pass\n", timeout=2))
     data = failed(events, "spin")
+    # the loop never ends by itself: its 2 s timeout ended it
     assert data["status"] == "timeout", data
-    assert time.monotonic() - started < 20
+    assert data["error"].startswith("timed out after 2s"), data
     harness.wait_until(lambda: not processes_under(stack.workspaces), timeout=10)
     survives(stack)
 
@@ -307,12 +308,16 @@ def test_http_get_refuses_non_loopback_hosts_before_connecting(stack: Stack) -> 
             "http://10.0.0.1/", "file:///etc/passwd", "http://[::ffff:8.8.8.8]/",
             "gopher://127.0.0.1/"]
     doc = "".join(action(f"u{i}", "http_get", {"url": url}) for i, url in enumerate(urls))
-    started = time.monotonic()
     _, events = run(stack, doc)
     for i, url in enumerate(urls):
-        error = one(events, "action_failed", f"u{i}")["data"]["error"]
-        assert "not allowed" in error or "only http" in error, (url, error)
-    assert time.monotonic() - started < 20  # refused up front: no connect timeouts
+        # refused up front, by the check before any connection: its error, not a connect
+        # error or timeout
+        data = one(events, "action_failed", f"u{i}")["data"]
+        error = data["error"]
+        assert data["status"] == "error", (url, data)
+        assert (error.startswith("only http and https URLs are allowed")
+                or re.match(r"host '[^']+' is not allowed: http_get reaches loopback hosts",
+                            error)), (url, error)
     survives(stack)
 
 
