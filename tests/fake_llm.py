@@ -59,6 +59,7 @@ import datetime
 import json
 import math
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -231,6 +232,14 @@ class _Server(ThreadingHTTPServer):
             self._open.add(request)
             self.accepted += 1
         super().process_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away is not the server's error: no traceback for it (e.g. a
+        reset while the next request was awaited: the client closed the connection with the
+        tail of an answer unread, as an agent does that stops reading at a sync action)."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
     def shutdown_request(self, request: Any) -> None:
         with self._open_lock:
