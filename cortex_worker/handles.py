@@ -5,7 +5,12 @@ from __future__ import annotations
 from functools import lru_cache
 
 from cortex_worker.jobs.ends import JobEnds
-from cortex_worker.manifests.loader import Registry, load_registry
+from cortex_worker.manifests.loader import (
+    ManifestError,
+    Registry,
+    UnknownModelError,
+    load_registry,
+)
 from cortex_worker.settings import get_settings
 from cortex_worker.store.state import Store
 
@@ -18,9 +23,16 @@ def get_store() -> Store:
 
 @lru_cache(maxsize=1)
 def get_registry() -> Registry:
-    """Manifests from `CORTEX_MANIFESTS`, validated once per process."""
+    """Manifests from `CORTEX_MANIFESTS`, validated once per process (with the `kind: Model`
+    that `CORTEX_DOCUMENT_MODEL` names, if it names one)."""
     settings = get_settings()
-    return load_registry(settings.manifests, settings.tool_modules)
+    registry = load_registry(settings.manifests, settings.tool_modules)
+    if isinstance(settings.document_model, str):  # a name: it must be a Model of these
+        try:
+            registry.model(settings.document_model)
+        except UnknownModelError as exc:
+            raise ManifestError(f"CORTEX_DOCUMENT_MODEL (document_model): {exc}") from None
+    return registry
 
 
 @lru_cache(maxsize=1)

@@ -26,7 +26,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.config import ModelField
 
 #: Environment variable naming the settings file (`.toml`, `.yaml` or `.yml`).
 SETTINGS_FILE_ENV = "CORTEX_SETTINGS_FILE"
@@ -85,9 +85,10 @@ class Settings(BaseSettings):
                                       "for approval is rejected after this long unanswered "
                                       "(an agent's `approval.timeout_s` overrides it)")
 
-    document_model: ModelConfig | None = Field(
-        default=None, description="the model of `type=\"llm\"` actions in documents (JSON, as "
-        "an agent manifest's `model`); without it documents cannot hold llm actions")
+    document_model: Annotated[ModelField | None, NoDecode] = Field(
+        default=None, description="the model of `type=\"llm\"` actions in documents: JSON, as "
+        "an agent manifest's `model`, or the name of a `kind: Model` (checked when the manifests "
+        "load); without it documents cannot hold llm actions")
 
     http_allow_hosts: list[str] = Field(default_factory=list, description="http_get allow-list")
     tool_modules: Annotated[tuple[str, ...], NoDecode] = Field(
@@ -121,6 +122,17 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return tuple(m.strip() for m in value.split(",") if m.strip())
         return tuple(value or ())
+
+    @field_validator("document_model", mode="before")
+    @classmethod
+    def _model_json(cls, value: Any) -> Any:
+        """The environment gives a block as JSON text; other text is a Model's name."""
+        if isinstance(value, str) and value.lstrip().startswith("{"):
+            try:
+                return json.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"a model block must be a JSON object: {exc}") from None
+        return value
 
     @field_validator("api_keys", mode="before")
     @classmethod

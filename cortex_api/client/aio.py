@@ -23,7 +23,7 @@ from cortex_api.models import (
 from cortex_worker.protocol.events import Event
 
 if TYPE_CHECKING:
-    from cortex_api.routes.registry import AgentView, ToolView
+    from cortex_api.routes.registry import AgentView, ModelEndpointView, ToolView
 
 T = TypeVar("T")
 
@@ -107,6 +107,9 @@ class AsyncClient:
 
     async def list_tools(self) -> list[ToolView]:
         return await self._send(calls.list_tools())
+
+    async def list_models(self) -> list[ModelEndpointView]:
+        return await self._send(calls.list_models())
 
     # -- plumbing -------------------------------------------------------------------------
     async def _send(self, call: calls.Call[T]) -> T:

@@ -25,7 +25,7 @@ from cortex_api.models import (
 )
 
 if TYPE_CHECKING:
-    from cortex_api.routes.registry import AgentView, ToolView
+    from cortex_api.routes.registry import AgentView, ModelEndpointView, ToolView
 
 T = TypeVar("T")
 
@@ -122,6 +122,10 @@ def list_tools() -> Call[list[ToolView]]:
     return Call("GET", "/v1/tools", _tools)
 
 
+def list_models() -> Call[list[ModelEndpointView]]:
+    return Call("GET", "/v1/models", _models)
+
+
 # The registry's views live with its routes, which import FastAPI and Celery: imported when
 # first needed, so that a program (or the CLI) using the client starts without them.
 def _agents(body: Any) -> list[AgentView]:
@@ -134,3 +138,9 @@ def _tools(body: Any) -> list[ToolView]:
     from cortex_api.routes.registry import ToolList
 
     return ToolList.model_validate(body).items
+
+
+def _models(body: Any) -> list[ModelEndpointView]:
+    from cortex_api.routes.registry import ModelList
+
+    return ModelList.model_validate(body).items

@@ -23,7 +23,7 @@ from cortex_api.models import (
 from cortex_worker.protocol.events import Event
 
 if TYPE_CHECKING:
-    from cortex_api.routes.registry import AgentView, ToolView
+    from cortex_api.routes.registry import AgentView, ModelEndpointView, ToolView
 
 T = TypeVar("T")
 
@@ -117,6 +117,11 @@ class Client:
     def list_tools(self) -> list[ToolView]:
         """The tools the API knows (built-in and declared), by name."""
         return self._send(calls.list_tools())
+
+    def list_models(self) -> list[ModelEndpointView]:
+        """The model endpoints (`kind: Model`, and inline blocks with limits), by name, with
+        their limits and live use across the cluster."""
+        return self._send(calls.list_models())
 
     # -- plumbing -------------------------------------------------------------------------
     def _send(self, call: calls.Call[T]) -> T:

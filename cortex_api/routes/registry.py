@@ -1,20 +1,23 @@
-"""The registry: the agents and tools the manifests declare (built-in tools included)."""
+"""The registry: the agents, tools, relics, workflows and model endpoints the manifests declare
+(built-in tools and relics included)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
 from cortex_api.auth import require_key
+from cortex_api.deps import SettingsDep, StoreDep
 from cortex_api.errors import api_error, responses
 from cortex_worker.actions.types.internal import INTERNAL_ACTIONS
 from cortex_worker.agents.prompt import build_system_prompt
 from cortex_worker.agents.spec import AgentSpec
 from cortex_worker.handles import get_registry
-from cortex_worker.manifests.loader import Registry
+from cortex_worker.llm.config import ModelConfig, ModelLimits
+from cortex_worker.manifests.loader import Registry, UnknownModelError
 from cortex_worker.plan.canvas import decompose
 from cortex_worker.services.relics.spec import RelicSpec
 from cortex_worker.tools.spec import Runtime, ToolSpec
@@ -37,11 +40,15 @@ RegistryDep = Annotated[Registry, Depends(registry_dep)]
 class ModelView(BaseModel):
     """An agent's model endpoint: `base_url` as written (`${VAR}` unexpanded), never a key."""
 
+    name: str | None = Field(default=None, description="the `kind: Model` it names (see "
+                             "`GET /v1/models`); null: an inline block")
     provider: str
     model: str
     base_url: str
     native_tools: bool = False
     transcript: str | None = Field(default=None, description="replay: the transcript file")
+    limits: ModelLimits | None = Field(default=None, description="the limits declared for the "
+                                       "endpoint, shared by the cluster")
 
 
 class AgentView(BaseModel):
@@ -100,9 +107,11 @@ class ToolList(BaseModel):
 
 
 def _agent_fields(spec: AgentSpec, registry: Registry) -> dict[str, Any]:
-    config = spec.model
-    model = ModelView(provider=config.provider, model=config.model, base_url=config.base_url,
-                      native_tools=config.native_tools, transcript=config.transcript)
+    config = registry.model(spec.model)  # a ModelConfig once loaded (`model: NAME` linked)
+    model = ModelView(name=config.name, provider=config.provider, model=config.model,
+                      base_url=config.base_url,
+                      native_tools=config.native_tools, transcript=config.transcript,
+                      limits=config.limits)
     return {"name": spec.name, "description": spec.description, "model": model,
             "tools": list(spec.tools), "agents": list(spec.agents), "max_turns": spec.max_turns,
             "system_prompt_chars": len(build_system_prompt(spec, registry))}
@@ -269,3 +278,106 @@ def get_workflow(name: str, registry: RegistryDep) -> WorkflowDetail:
     step = decompose(spec.plan())
     return WorkflowDetail(**_workflow_fields(spec), waves=spec.plan().waves(),
                           canvas=step.shape() if step is not None else None)
+
+
+# -- model endpoints ----------------------------------------------------------------------
+class ModelUse(BaseModel):
+    """What an endpoint uses now, counted in Redis by every worker (`Store.model_use`)."""
+
+    in_flight: int = Field(description="requests in flight now")
+    waiting: int = Field(description="requests waiting for a slot now")
+    paused_for_s: float = Field(description="seconds left of the pause a 429 (or 529) started "
+                                "for every worker; 0: none")
+    adaptive_max_concurrent: int | None = Field(
+        description="requests allowed in flight since a 429: halved at each one, grown back "
+                    "by successes; null: not lowered")
+    requests: int = Field(description="requests sent so far")
+    rate_limited: int = Field(description="of them, answered 429 or 529")
+    waits: int = Field(description="times a request waited for a slot")
+
+
+class ModelEndpointView(BaseModel):
+    """A model endpoint: a `kind: Model`, or an inline `model:` block that declares `limits`.
+    `base_url` as written (`${VAR}` unexpanded), never a key."""
+
+    name: str = Field(description="the Model's name; for an inline block `inline-<hash>` "
+                      "(what its limits are kept under)")
+    declared: Literal["Model", "inline"] = Field(
+        description="`Model`: a `kind: Model` manifest; `inline`: the `model:` block of "
+                    "agents, workflows or `CORTEX_DOCUMENT_MODEL`")
+    description: str = ""
+    provider: str
+    base_url: str
+    model: str = Field(description="the model name sent to the provider")
+    limits: ModelLimits | None = Field(description="the declared limits; null: none (a 429's "
+                                       "reset still pauses every worker)")
+    agents: list[str] = Field(description="the agents that use it, sorted")
+    workflows: list[str] = Field(description="the workflows whose `llm` steps use it, sorted")
+    documents: bool = Field(description="documents' `llm` actions use it "
+                            "(`CORTEX_DOCUMENT_MODEL`)")
+    use: ModelUse
+
+
+class ModelList(BaseModel):
+    """The `kind: Model` endpoints sorted by name, then the inline ones with `limits`."""
+
+    items: list[ModelEndpointView]
+
+
+class _Endpoint:
+    """One endpoint being listed: its config, description and users by section."""
+
+    def __init__(self, config: ModelConfig, description: str = "") -> None:
+        self.config, self.description = config, description
+        self.users: dict[str, list[str]] = {"agents": [], "workflows": [], "documents": []}
+
+
+def _endpoints(registry: Registry, document_model: ModelConfig | str | None
+               ) -> dict[str, _Endpoint]:
+    """Every endpoint to list, by `endpoint()`: the kind: Model ones, sorted, then the inline
+    blocks that declare limits, sorted (an inline block is listed with the first limits its
+    users declare, and with every user of the same block, limits declared or not)."""
+    users: list[tuple[str, str, ModelConfig]] = []
+    for section, user, model in [
+            *(("agents", name, spec.model) for name, spec in sorted(registry.agents.items())),
+            *(("workflows", name, spec.model) for name, spec in sorted(registry.workflows.items())),
+            ("documents", "documents", document_model)]:
+        if model is None:
+            continue
+        try:
+            users.append((section, user, registry.model(model)))
+        except UnknownModelError:  # checked when the manifests load; nothing to list here
+            continue
+    found = {name: _Endpoint(spec.config(), spec.description)
+             for name, spec in sorted(registry.models.items())}
+    inline: dict[str, _Endpoint] = {}
+    for _, _, config in users:
+        if config.name is None and config.limits is not None:
+            inline.setdefault(config.endpoint(), _Endpoint(config))
+    found.update(sorted(inline.items()))
+    for section, user, config in users:
+        entry = found.get(config.endpoint())
+        if entry is not None:
+            entry.users[section].append(user)
+    return found
+
+
+@router.get("/models", response_model=ModelList)
+def list_models(registry: RegistryDep, store: StoreDep, settings: SettingsDep) -> ModelList:
+    """The model endpoints, with their limits and live use across the cluster.
+
+    Each `kind: Model`, sorted by name, then each inline `model:` block that declares
+    `limits` (named `inline-<hash>`), with what uses it (agents, workflows, documents), and
+    what it uses now: requests in flight and waiting, the pause a 429 started, the adaptive
+    concurrency limit, and the requests, 429s and waits counted so far.
+    """
+    items = []
+    for endpoint, entry in _endpoints(registry, settings.document_model).items():
+        config = entry.config
+        items.append(ModelEndpointView(
+            name=endpoint, declared="inline" if config.name is None else "Model",
+            description=entry.description, provider=config.provider, base_url=config.base_url,
+            model=config.model, limits=config.limits, agents=entry.users["agents"],
+            workflows=entry.users["workflows"], documents=bool(entry.users["documents"]),
+            use=ModelUse(**store.model_use(endpoint))))
+    return ModelList(items=items)

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cortex_worker.actions.table import FEED_SOURCES
 from cortex_worker.actions.types.internal import INTERNAL_ACTIONS
-from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.config import ModelConfig, ModelField
 
 FeedSourceType = Literal[FEED_SOURCES]
 """The action types a context feed may take its values from (`actions.table`)."""
@@ -74,7 +74,10 @@ class AgentSpec(BaseModel):
     kind: Literal["Agent"] = "Agent"
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")
     description: str = ""
-    model: ModelConfig = Field(default_factory=ModelConfig)
+    model: ModelField = Field(
+        default_factory=ModelConfig,
+        description="an inline block, or the name of a `kind: Model`: the loader puts the "
+                    "Model's `ModelConfig` in its place, so a loaded agent's is always one")
     system_prompt: str = Field(default="", description="instructions, inline")
     system_prompt_file: str | None = Field(default=None,
                                            description="instructions from a file, relative to the manifest")

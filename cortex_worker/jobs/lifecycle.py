@@ -71,11 +71,13 @@ MAX_DEPTH = 8
 
 
 def model_of_document(settings: Settings, options: JobOptions) -> dict[str, Any]:
-    """The `model` field of a document job (its llm actions'): `document_model`, with the
-    job option `model` as its model name."""
+    """The `model` field of a document job (its llm actions'): `document_model` (the
+    `kind: Model` it names, if a name), with the job option `model` as its model name."""
     model = settings.document_model
     if model is None:
         return {}
+    if isinstance(model, str):
+        model = get_registry().model(model)
     return {"model": model.named(options.model).model_dump(mode="json")}
 
 

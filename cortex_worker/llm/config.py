@@ -5,9 +5,23 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from cortex_worker.tools.spec import check_name
+
+INLINE_PREFIX = "inline-"
+"""How the endpoint of an inline `model:` block is named (`ModelConfig.endpoint`); no
+`kind: Model` may take a name that starts with it."""
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -115,7 +129,7 @@ class ModelConfig(BaseModel):
             return self.name
         what = "\0".join([self.provider, self.base_url.rstrip("/"), self.model,
                            self.api_key_env or ""])
-        return "inline-" + hashlib.sha256(what.encode()).hexdigest()[:12]
+        return INLINE_PREFIX + hashlib.sha256(what.encode()).hexdigest()[:12]
 
     def api_key(self) -> str | None:
         """The key in the variable `api_key_env` names (None: it names none). A named variable
@@ -129,3 +143,53 @@ class ModelConfig(BaseModel):
                              f"{self.api_key_env} (api_key_env) is not set; set it, or set "
                              "api_key_env: null for an endpoint that needs no key")
         return key
+
+
+class ModelSpec(ModelConfig):
+    """`kind: Model`: a named endpoint, every field of a `model:` block plus a name. Agents,
+    workflows and `CORTEX_DOCUMENT_MODEL` refer to it by name (`model: NAME`); the loader puts
+    `config()` in their place, so its limits are kept under its name."""
+
+    kind: Literal["Model"] = "Model"
+    name: str = Field(description="letters, digits, _ . -; at most 64; not `inline-...`")
+    description: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        check_name(name, "model")
+        if name.startswith(INLINE_PREFIX):
+            raise ValueError(f"{name!r}: names starting with {INLINE_PREFIX!r} are kept for "
+                             "the endpoints of inline model blocks; choose another name")
+        return name
+
+    def config(self) -> ModelConfig:
+        """The endpoint as a `model:` block that carries this name."""
+        fields = self.model_dump(include=set(ModelConfig.model_fields))
+        return ModelConfig.model_validate(fields)
+
+
+def model_or_name(value: Any) -> ModelConfig | str:
+    """A `model:` value as written in a manifest or a setting: an inline block (validated as a
+    `ModelConfig`) or the name of a `kind: Model` (looked up when the manifests are linked).
+    An inline block may not carry `name`: that is how a Model is referred to."""
+    if isinstance(value, ModelConfig):
+        return value
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError("give a model block or the name of a kind: Model, not an empty "
+                             "string")
+        return value.strip()
+    if isinstance(value, dict):
+        if "name" in value:
+            raise ValueError("an inline model block has no `name`; to use a kind: Model, "
+                             f"write `model: {value['name']}` instead of a block")
+        return ModelConfig.model_validate(value)
+    raise ValueError("give a model block (a mapping) or the name of a kind: Model, got "
+                     f"{type(value).__name__}")
+
+
+ModelField = Annotated[ModelConfig | str, PlainValidator(
+    model_or_name, json_schema_input_type=ModelConfig | str)]
+"""A `model:` field of a manifest: an inline block, or the name of a `kind: Model` (a string
+until the loader's link step puts the Model's `ModelConfig` in its place)."""

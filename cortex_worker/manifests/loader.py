@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from cortex_worker.actions.types.internal import INTERNAL_ACTIONS
 from cortex_worker.agents.spec import AgentSpec
 from cortex_worker.errors import CortexError
+from cortex_worker.llm.config import ModelConfig, ModelSpec
 from cortex_worker.services.mcp.spec import (
     MCPServerSpec,
     link_mcp_server,
@@ -81,6 +82,10 @@ class UnknownWorkflowError(CortexError, LookupError):
     """`Registry.workflow` was asked for a workflow no manifest declares."""
 
 
+class UnknownModelError(CortexError, LookupError):
+    """A `model:` names a `kind: Model` no manifest declares."""
+
+
 @dataclass
 class Registry:
     """Everything the manifests declare, by kind and name (built-in tools included)."""
@@ -89,6 +94,8 @@ class Registry:
     agents: dict[str, AgentSpec] = field(default_factory=dict)
     workflows: dict[str, WorkflowSpec] = field(default_factory=dict)
     relics: dict[str, RelicSpec] = field(default_factory=dict)
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+    """Named model endpoints (`kind: Model`), which `model: NAME` refers to."""
     tool_modules: dict[str, ToolModuleSpec] = field(default_factory=dict)
     """Python modules whose `@tool` functions are tools (see `tools.function`)."""
     mcp_servers: dict[str, MCPServerSpec] = field(default_factory=dict)
@@ -131,6 +138,19 @@ class Registry:
         except KeyError:
             known = ", ".join(sorted(self.relics)) or "none"
             raise ToolError(f"unknown relic {name!r}; known relics: {known}") from None
+
+    def model(self, model: ModelConfig | str) -> ModelConfig:
+        """The endpoint a `model:` value is: an inline block itself, else the `kind: Model` it
+        names (as a `ModelConfig` carrying the name); UnknownModelError lists the known ones."""
+        if isinstance(model, ModelConfig):
+            return model
+        spec = self.models.get(model)
+        if spec is None:
+            known = ", ".join(sorted(self.models)) or "none"
+            raise UnknownModelError(
+                f"unknown model {model!r}; declare it with kind: Model (known models: {known}), "
+                f"or give the provider's model name in a block: `model: {{model: {model}}}`")
+        return spec.config()
 
     def source(self, kind: str, name: str) -> str | None:
         return self.sources.get((kind, name))
@@ -198,8 +218,19 @@ def _check_agent(spec: AgentSpec) -> str | None:
     return None
 
 
+def _linked_model(model: ModelConfig | str, registry: Registry) -> ModelConfig:
+    """A `model:` value with the `kind: Model` it names in its place (ValueError: none)."""
+    try:
+        return registry.model(model)
+    except UnknownModelError as exc:
+        raise ValueError(f"model: {exc}") from None
+
+
 def _link_agent(spec: AgentSpec, registry: Registry, path: Path) -> AgentSpec:
-    """Check what an agent names against the registry; read its `system_prompt_file`."""
+    """Check what an agent names against the registry, put the `kind: Model` its `model:`
+    names in its place, and read its `system_prompt_file`."""
+    if isinstance(spec.model, str):
+        spec = spec.model_copy(update={"model": _linked_model(spec.model, registry)})
     for index, name in enumerate(spec.tools):
         if name not in registry.tools:
             known = ", ".join(sorted(registry.tools)) or "none"
@@ -251,7 +282,10 @@ def _link_agent(spec: AgentSpec, registry: Registry, path: Path) -> AgentSpec:
 
 
 def _link_workflow(spec: WorkflowSpec, registry: Registry, path: Path) -> WorkflowSpec:
-    """What the steps name must exist: each step is checked through the action-type table."""
+    """What the steps name must exist: each step is checked through the action-type table;
+    the `kind: Model` its `model:` names is put in its place."""
+    if isinstance(spec.model, str):
+        spec = spec.model_copy(update={"model": _linked_model(spec.model, registry)})
     link_workflow(spec, registry)
     return spec
 
@@ -279,6 +313,7 @@ KINDS: dict[str, Kind] = {
     "Workflow": Kind("Workflow", "workflows", WorkflowSpec, check_workflow, _link_workflow),
     "Relic": Kind("Relic", "relics", RelicSpec, check_relic, _link_relic),
     "MCPServer": Kind("MCPServer", "mcp_servers", MCPServerSpec),
+    "Model": Kind("Model", "models", ModelSpec),
 }
 SECTIONS: dict[str, Kind] = {kind.section: kind for kind in KINDS.values()}
 

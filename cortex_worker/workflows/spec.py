@@ -22,7 +22,7 @@ from jsonschema.exceptions import ValidationError as SchemaValidationError
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from cortex_worker.actions.table import ACTION_TYPES, WORKFLOW_STEPS
-from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.config import ModelField
 from cortex_worker.plan.dag import Plan, build_plan
 from cortex_worker.protocol.actions import Action, ActionError, build_action, parse_depends_on
 from cortex_worker.protocol.variables import iter_references
@@ -98,7 +98,9 @@ class WorkflowSpec(BaseModel):
     steps: list[WorkflowStep] = Field(min_length=1)
     output: Any = Field(default=None, description="a $ expression, or an object / template "
                                                   "with $ references; default: the last step")
-    model: ModelConfig | None = Field(default=None, description="the model of `llm` steps")
+    model: ModelField | None = Field(
+        default=None, description="the model of `llm` steps: an inline block, or the name of "
+        "a `kind: Model` (a `ModelConfig` once the manifests are linked)")
 
     _validator: Draft202012Validator | None = PrivateAttr(default=None)
     _plan: Plan | None = PrivateAttr(default=None)

@@ -84,6 +84,7 @@ AGENT = log(
     ("response_end", {"final": False, "text": "Checking 42 now."}),
     ("turn_completed", {"turn": 1}),
     ("turn_started", {"turn": 2}),
+    ("model_waiting", {"endpoint": "fast-gpt", "reason": "paused", "wait_s": 1.5}),
     ("thought_chunk", {"text": "Hmm, the str"}),
     ("response_chunk", {"text": "half an answer", "final": True}),
     ("warning", {"kind": "model_retry", "message": "the model stream broke; turn restarted"}),
@@ -251,8 +252,9 @@ def test_approvals_and_what_has_no_equivalent_are_custom_events() -> None:
         "job_started", "text", "context_feed", "action_queued", "action_started",
         "approval_requested", "action_approved", "action_queued", "action_started", "child_job",
         "action_queued", "action_started", "action_retrying", "protocol_error", "warning",
-        "usage", "action_queued", "action_started", "warning", "approval_requested",
-        "action_rejected", "action_queued", "feed_updated", "usage", "some_future_event")]
+        "usage", "action_queued", "action_started", "model_waiting", "warning",
+        "approval_requested", "action_rejected", "action_queued", "feed_updated", "usage",
+        "some_future_event")]
     assert custom[5][1]["parameters"] == {"task": "check 42"}
 
 

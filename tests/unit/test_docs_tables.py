@@ -75,15 +75,18 @@ def documented_keys() -> set[str]:
 
 
 def code_keys() -> set[str]:
-    """Every key and channel keys.py names: its `cx:` constants, each function's key (its
-    parameters as placeholders) and each key of a job."""
+    """Every key and channel keys.py names: its `cx:` constants, each function's key or keys
+    (its parameters as placeholders; cached functions too, such as `model_keys`) and each key
+    of a job."""
     found = {value for name, value in vars(keys).items()
              if name.isupper() and isinstance(value, str) and value.startswith(f"{keys.PREFIX}:")}
     for name, function in vars(keys).items():
-        if (inspect.isfunction(function) and function.__module__ == keys.__name__
+        plain = inspect.unwrap(function) if callable(function) else function
+        if (inspect.isfunction(plain) and plain.__module__ == keys.__name__
                 and name != "job_keys"):
-            params = inspect.signature(function).parameters
-            found.add(function(*(f"<{p}>" for p in params)))
+            params = inspect.signature(plain).parameters
+            named = plain(*(f"<{p}>" for p in params))
+            found |= set(named) if isinstance(named, tuple) else {named}
     found |= set(keys.job_keys("job"))
     found.discard(keys.RELIC_KV_PREFIX)  # the prefix of `relic_kv_key`, listed as that
     return {_shape(k) for k in found}

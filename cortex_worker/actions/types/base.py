@@ -159,8 +159,9 @@ class Target:
         return not find_references(self.parameters)
 
     @property
-    def llm_model(self) -> ModelConfig | None:
-        """The model an llm action would run on: the job's own, else the documents' one."""
+    def llm_model(self) -> ModelConfig | str | None:
+        """The model an llm action would run on: the job's own, else the documents' one (a
+        string: the `kind: Model` it names, checked when the manifests load)."""
         if self.model is not None:
             return self.model
         return self.settings.document_model if self.settings is not None else None
