@@ -104,7 +104,7 @@ def test_plan_with_errors_does_not_compile():
 
 def test_canvas_steps_are_action_tasks_with_only_the_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[Any] = []
-    monkeypatch.setattr(dispatch, "queue_of", lambda spec: spec["queue"])
+    monkeypatch.setattr(dispatch, "queue_of", lambda job_id, spec: spec["queue"])
     monkeypatch.setattr(dispatch.current_broker(), "apply_canvas", sent.append)
     step = decompose(plan("abc", {"b": "a", "c": "b"}))
     dispatch.send_canvas("j1", step, {i: {"queue": q} for i, q in zip("abc", ["tool", "agent", "tool"], strict=True)})

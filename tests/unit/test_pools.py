@@ -26,8 +26,15 @@ def test_the_table() -> None:
     assert pools.UP == ("agent", "tool", "llm", "relic")
 
 
-def test_the_celery_queues_are_the_pools() -> None:
-    assert [q.name for q in celery_app.app.conf.task_queues] == list(pools.NAMES)
+def test_the_celery_queues_are_the_pools_lanes() -> None:
+    """Each pool's queue is its lanes (fairness across tenants), lane 0 named as the pool;
+    a lane's routing key is its name, on its pool's exchange."""
+    queues = celery_app.app.conf.task_queues
+    assert [q.name for q in queues] == [lane for pool in pools.NAMES for lane in pools.lanes(pool)]
+    assert all(q.routing_key == q.name and q.exchange.name == q.name.partition(".")[0]
+               for q in queues)
+    assert pools.lanes("tool")[:3] == ("tool", "tool.1", "tool.2")
+    assert len(pools.lanes("tool")) == pools.LANES
 
 
 def test_cortex_up_starts_the_default_pools() -> None:
@@ -50,7 +57,7 @@ def test_cortex_worker_runs_each_pool_as_the_table_says(
     result = CliRunner().invoke(cli.app, ["worker", "--pool", pool])
     assert result.exit_code == 0, result.output
     argv = started[0]
-    assert argv[:3] == ["worker", "-Q", pool]
+    assert argv[:3] == ["worker", "-Q", ",".join(pools.lanes(pool))]  # every lane of it
     assert [a for a in argv if a.startswith(("--pool=", "--concurrency="))] == options
 
 
