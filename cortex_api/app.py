@@ -16,7 +16,16 @@ from cortex_api.auth import KeyRing, metrics_guard
 from cortex_api.errors import install_handlers
 from cortex_api.limits import BodyLimitMiddleware, body_limit
 from cortex_api.readiness import ReadinessProbe, celery_inspector, required_pools
-from cortex_api.routes import health, jobs, metrics, page, registry, sessions, validate
+from cortex_api.routes import (
+    health,
+    jobs,
+    metrics,
+    page,
+    registry,
+    sessions,
+    usage,
+    validate,
+)
 from cortex_api.sse import EventHub
 from cortex_worker.observability import tracing
 from cortex_worker.settings import Settings, get_settings
@@ -66,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(validate.router)
     app.include_router(registry.router)
     app.include_router(sessions.router)
+    app.include_router(usage.router)
     app.include_router(metrics.router, dependencies=[Depends(metrics_guard)])  # metrics_public
     app.include_router(page.router)
     return app

@@ -20,7 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.requests import Request
 
 from cortex_api.limits import invalid_unicode
-from cortex_worker.errors import CortexError, SubmitError
+from cortex_worker.errors import CortexError, QuotaExceededError, SubmitError
 from cortex_worker.manifests.loader import UnknownAgentError, UnknownWorkflowError
 from cortex_worker.store.state import SessionBusy
 
@@ -80,6 +80,7 @@ STATUS: dict[type[CortexError], int] = {
     UnknownAgentError: 422,  # the body names an agent no manifest declares
     UnknownWorkflowError: 422,  # the body names a workflow no manifest declares
     SessionBusy: 409,  # the session's last job is running, or another message started one
+    QuotaExceededError: 429,  # the tenant's token budget is spent until it renews
 }
 """The status of each error of the tree the API answers; any other `CortexError` (a broken
 manifest, ...) is the server's fault: 500, with the message, and logged."""

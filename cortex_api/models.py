@@ -14,7 +14,8 @@ from cortex_worker.jobs.record import JobRecord
 from cortex_worker.protocol.events import ActionStatus, JobStatus
 
 __all__ = ["ActionView", "HealthStatus", "JobCreate", "JobCreated", "JobLinks", "JobList",
-           "JobOptions", "JobStatus", "JobStatusView", "JobSummary", "JobView", "Readiness",
+           "JobOptions", "JobStatus", "JobStatusView", "JobSummary", "JobView", "ModelUsage",
+           "Readiness", "UsageReport",
            "ValidateRequest"]
 
 
@@ -192,6 +193,24 @@ class JobSummary(BaseModel):
         return cls(**cls._fields(job), counts=action_counts(statuses))
 
 
+class ModelUsage(BaseModel):
+    """What requests to one model endpoint spent."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    requests: int = 0
+
+
+class UsageReport(BaseModel):
+    """A tenant's model usage over a range of UTC days, by endpoint and in all."""
+
+    tenant: str
+    from_: str | None = Field(default=None, alias="from", description="the first day (UTC)")
+    to: str | None = Field(default=None, description="the last day (UTC), included")
+    endpoints: dict[str, ModelUsage]
+    total: ModelUsage
+
+
 class JobView(JobSummary):
     """A job with its actions, in document order, and how many are in each status."""
 
@@ -204,18 +223,22 @@ class JobView(JobSummary):
         default=None, description="when the job last logged an event (Unix seconds): a job "
         "that is running and has not moved for long is one the reconciler looks at")
     actions: list[ActionView] = Field(default_factory=list)
+    usage: dict[str, ModelUsage] = Field(
+        default_factory=dict, description="model requests by endpoint (answered ones: their "
+        "prompt and completion tokens)")
 
     @classmethod
-    def from_store(cls, job: JobRecord,
-                   actions: dict[str, dict[str, Any]] | None = None) -> JobView:
-        """Build from `Store.get_job` and `Store.actions`."""
+    def from_store(cls, job: JobRecord, actions: dict[str, dict[str, Any]] | None = None,
+                   usage: dict[str, dict[str, int]] | None = None) -> JobView:
+        """Build from `Store.get_job`, `Store.actions` and the job's usage (`jobs.usage`)."""
         entries = sorted((actions or {}).items(), key=lambda kv: _document_order(*kv))
         views = [ActionView.from_store(action_id, entry) for action_id, entry in entries]
         return cls(**cls._fields(job), result=job.result or None, actions=views,
                    counts=action_counts(view.status for view in views),
                    turns=job.turns, parent_job=job.parent_job,
                    parent_action=job.parent_action, session=job.session,
-                   last_progress_at=job.progress_at)
+                   last_progress_at=job.progress_at,
+                   usage={e: ModelUsage(**counts) for e, counts in (usage or {}).items()})
 
 
 class JobList(BaseModel):

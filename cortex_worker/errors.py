@@ -52,6 +52,11 @@ class SubmitError(CortexError, ValueError):
         self.errors = errors
 
 
+class QuotaExceededError(CortexError):
+    """The tenant has spent its token budget (`Settings.quotas`): no job is accepted until
+    it renews (the API answers 429)."""
+
+
 class ActionFailed(CortexError):
     """An action failed cleanly: its outcome is `failed` and the agent is shown `message`.
 

@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -35,6 +35,16 @@ SETTINGS_FILE_ENV = "CORTEX_SETTINGS_FILE"
 #: Threads of the agent pool (`cortex worker --pool agent`) by default: each running turn holds
 #: one, asleep while the process's reader thread reads its stream.
 AGENT_THREADS = 200
+
+
+class Quota(BaseModel):
+    """A tenant's token budget (prompt and completion tokens of every model request of its
+    jobs), per UTC day and per month; None: no limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tokens_per_day: int | None = Field(default=None, gt=0)
+    tokens_per_month: int | None = Field(default=None, gt=0)
 
 
 class Settings(BaseSettings):
@@ -112,6 +122,11 @@ class Settings(BaseSettings):
         "JSON; held only as `tenant:sha256:<hex>` (see docs/security.md)")
     api_keys_file: Path | None = Field(
         default=None, description="YAML/JSON list of {tenant, key_sha256} (or {tenant, key})")
+    quotas: dict[str, Quota] = Field(
+        default_factory=dict, description="token budgets by tenant, as JSON: "
+        '`{"acme": {"tokens_per_day": 1000000, "tokens_per_month": 20000000}}`; a job '
+        "submitted over budget is refused (HTTP 429), one that runs out ends failed "
+        "(quota_exceeded)")
     allow_no_auth: bool = Field(
         default=False, description="let `cortex api` bind a non-loopback host without API keys")
     metrics_public: bool = Field(default=False, description="/metrics answers without a key")

@@ -29,6 +29,7 @@ from cortex_api.sse import (
     event_stream,
     resume_point,
 )
+from cortex_worker.jobs import usage
 from cortex_worker.jobs.lifecycle import (
     cancel_job,
     decide_approval,
@@ -93,7 +94,7 @@ def get_job(job_id: str, store: StoreDep, caller: CallerDep) -> JobView:
     job = store.get_job(job_id)
     if job is None or not caller.owns(job.tenant):
         raise job_not_found(job_id)
-    return JobView.from_store(job, store.actions(job_id))
+    return JobView.from_store(job, store.actions(job_id), usage.job_usage(store, job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobStatusView, responses=responses(404, 409))

@@ -22,7 +22,7 @@ from cortex_worker.actions.call import ChildJob
 from cortex_worker.actions.table import ACTION_TYPES, Target
 from cortex_worker.errors import SubmitError
 from cortex_worker.handles import get_registry
-from cortex_worker.jobs import approvals
+from cortex_worker.jobs import approvals, usage
 from cortex_worker.jobs.kinds import KINDS, Start
 from cortex_worker.jobs.options import JobOptions
 from cortex_worker.jobs.record import DEFAULT_TENANT, JobKindName, JobRecord
@@ -179,6 +179,8 @@ def _create(store: Store, new: NewJob) -> str:
     settings = get_settings()
     kind, fields, parent, tenant, session = new.kind, new.fields, new.parent, new.tenant, \
         new.session
+    if not parent:
+        usage.check_submit(store, tenant or DEFAULT_TENANT)
     options = new.options or JobOptions()
     if parent:  # one child per parent action, even if its task is delivered twice
         job_id = child_job_id(*parent)

@@ -8,6 +8,7 @@ from typing import Any
 
 from cortex_worker.actions.call import Call
 from cortex_worker.handles import get_store
+from cortex_worker.jobs import lifecycle, usage
 from cortex_worker.jobs.record import JobRecord
 from cortex_worker.llm import limits
 from cortex_worker.llm.config import ModelConfig
@@ -32,14 +33,22 @@ def run_llm_action(call: Call) -> Any:
             "endpoint": endpoint, "reason": reason, "action_id": call.action_id,
             "wait_s": None if wait_s is None else round(wait_s, 3)})], live=True)
 
+    def spent(endpoint: str, prompt_tokens: int, completion_tokens: int) -> None:
+        usage.record(store, call.job_id, tenant, endpoint, prompt_tokens, completion_tokens)
+
     tenant = (store.peek(call.job_id, "tenant") or JobRecord(id=call.job_id)).tenant
     caller = limits.Caller(store, call.job_id, tenant, on_wait=waiting,
-                           deadline=time.time() + call.timeout)
-    with limits.calling(caller):
-        text, _ = complete(model, [
-            {"role": "system", "content": f"You perform one task: {call.spec['name']}. "
-                                          "Answer with its result only, without preamble."},
-            {"role": "user", "content": prompt}], base_dir=call.settings.manifests)
+                           deadline=time.time() + call.timeout,
+                           before=lambda: usage.check_running(store, tenant), on_usage=spent)
+    try:
+        with limits.calling(caller):
+            text, _ = complete(model, [
+                {"role": "system", "content": f"You perform one task: {call.spec['name']}. "
+                                              "Answer with its result only, without preamble."},
+                {"role": "user", "content": prompt}], base_dir=call.settings.manifests)
+    except usage.QuotaExceeded as exc:  # the job ends with it: its other actions are cancelled
+        lifecycle.cancel_job(store, call.job_id, status="failed", reason=str(exc))
+        raise
     try:
         return json.loads(text)
     except ValueError:

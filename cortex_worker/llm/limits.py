@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 
 from cortex_worker.llm.config import ModelConfig
-from cortex_worker.llm.stream import ModelError
+from cortex_worker.llm.stream import ModelError, Usage, estimate_usage
 from cortex_worker.store.state import Store
 
 __all__ = ["Caller", "Held", "ModelBusy", "calling", "estimate_tokens", "provider_limits",
@@ -68,8 +68,9 @@ class ModelBusy(Exception):
 class Caller:
     """Who asks for the model: the job's store, id and tenant, what to tell the job when its
     request must wait (`on_wait(endpoint, reason, wait_s or None)`), when waiting must give up
-    (`deadline`, time.time(); the job's wall time), and how long the caller may hold its
-    thread waiting before it hands its work back (`hold_s`; None: wait in the thread)."""
+    (`deadline`, time.time(); the job's wall time), how long the caller may hold its thread
+    waiting before it hands its work back (`hold_s`; None: wait in the thread), and the job's
+    usage hooks (`before`, `on_usage`: jobs/usage.py)."""
 
     store: Store
     job_id: str
@@ -77,6 +78,10 @@ class Caller:
     on_wait: Callable[[str, str, float | None], None] = lambda *_: None
     deadline: float | None = None
     hold_s: float | None = None
+    before: Callable[[], None] = lambda: None
+    """Called before each request (it may raise: the tenant's budget is spent)."""
+    on_usage: Callable[[str, int, int], None] = lambda *_: None
+    """Called with (endpoint, prompt tokens, completion tokens) after each answered request."""
 
 
 _caller: ContextVar[Caller | None] = ContextVar("cortex_model_caller", default=None)
@@ -173,25 +178,36 @@ class Held:
     holder: str
     taken: int
     refused: bool = False
+    status: int | None = None
     reset_s: float | None = None
     remaining: int | None = None
-    tokens: int | None = None
+    usage: Usage | None = None
+    deltas: int = 0
+    """Text pieces streamed: with the prompt, the estimate of a generation cut short."""
+    messages: list[dict[str, Any]] = field(default_factory=list, repr=False)
     given: bool = field(default=False, repr=False)
 
     def answered(self, response: httpx.Response) -> None:
+        self.status = response.status_code
         self.refused = response.status_code in REFUSED_STATUS
         self.reset_s, self.remaining = provider_limits(response.headers)
 
-    def used(self, total_tokens: int) -> None:
-        self.tokens = total_tokens
+    def used(self, usage: Usage) -> None:
+        self.usage = usage
 
     def give_back(self) -> None:
         if self.given:
             return
         self.given = True
         limits = self.config.limits
+        if self.status is not None and self.status < 300:
+            if self.usage is None:  # closed before the endpoint sent its counts
+                self.usage = estimate_usage(self.messages, self.deltas)
+            self.caller.on_usage(self.endpoint, self.usage.prompt_tokens,
+                                 self.usage.completion_tokens)
         self.caller.store.give_model_slot(
-            self.endpoint, self.holder, taken=self.taken, used=self.tokens,
+            self.endpoint, self.holder, taken=self.taken,
+            used=self.usage.total_tokens if self.usage else None,
             tokens_per_minute=limits.tokens_per_minute if limits else None,
             refused=self.refused, reset_s=self.reset_s, remaining=self.remaining,
             ceiling=(limits.max_concurrent if limits and limits.max_concurrent
@@ -218,6 +234,7 @@ def slot(config: ModelConfig, body: dict[str, Any]) -> Iterator[Held | None]:
     if caller is None:
         yield None
         return
+    caller.before()
     endpoint = config.endpoint()
     if (id(caller.store), endpoint) not in _noted:
         caller.store.note_model_endpoint(endpoint)
@@ -246,7 +263,10 @@ def slot(config: ModelConfig, body: dict[str, Any]) -> Iterator[Held | None]:
             raise ModelBusy(endpoint, reason, wait_s)
         # a little spread, so waiters told the same time do not all ask in the same instant
         time.sleep(min(pause + random.uniform(0, POLL_S / 2), STALE_S / 2))
-    held = Held(caller, config, endpoint, holder, tokens)
+    system = body.get("system")  # Anthropic's, beside the messages
+    messages = ([{"content": system if isinstance(system, str) else json.dumps(system)}]
+                if system else []) + list(body.get("messages") or [])
+    held = Held(caller, config, endpoint, holder, tokens, messages=messages)
     try:
         yield held
     finally:

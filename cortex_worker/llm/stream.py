@@ -25,6 +25,7 @@ __all__ = [
     "TextDelta",
     "ToolCall",
     "Usage",
+    "estimate_usage",
     "protocol_id",
     "tool_call_to_protocol",
 ]
@@ -74,6 +75,13 @@ class Usage:
 
 
 Piece = TextDelta | ToolCall | Usage
+
+
+def estimate_usage(messages: list[dict[str, Any]], deltas: int) -> Usage:
+    """Token counts of a generation cut short (the endpoint sent none): about 4 characters
+    per prompt token, one token per streamed delta (what OpenAI-compatible endpoints send)."""
+    prompt = sum(len(str(m.get("content") or "")) for m in messages) // 4
+    return Usage(prompt_tokens=prompt, completion_tokens=deltas, total_tokens=prompt + deltas)
 
 
 class ModelError(ActionFailed):

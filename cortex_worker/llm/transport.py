@@ -210,8 +210,10 @@ class _Counted(Generic[T]):
         self.pieces += 1
         if isinstance(piece, TextDelta):
             self.chars += len(piece.text)
+            if self.held is not None:
+                self.held.deltas += 1
         elif isinstance(piece, Usage) and self.held is not None:
-            self.held.used(piece.total_tokens)
+            self.held.used(piece)
         return self.take(piece)
 
 

@@ -59,6 +59,7 @@ class JobKeys(NamedTuple):
     redrives: str  # hash: action id -> times the reconciler sent it again
     timings: str  # hash: `t|<id>` type, `q|<id>` when queued (built by the scripts: prelude.lua)
     approvals: str  # hash: action id -> approval record JSON (approvals.py)
+    usage: str  # hash: `<endpoint>|prompt_tokens` / `|completion_tokens` / `|requests` -> count
 
 
 _SUFFIXES = {"awaiting": "await", "timings": "tm"}  # a field named as the key is, where that is a keyword
@@ -118,6 +119,12 @@ class ModelKeys(NamedTuple):
 def model_keys(endpoint: str) -> ModelKeys:
     """The shared-limit keys of the model endpoint `endpoint` (`ModelConfig.endpoint()`)."""
     return ModelKeys(*(f"{PREFIX}:{{model:{endpoint}}}:{field}" for field in ModelKeys._fields))
+
+
+def usage_key(tenant: str, period: str) -> str:
+    """A tenant's model usage in one UTC day (`2026-11-28`) or month (`2026-11`): a hash of
+    `<endpoint>|prompt_tokens`, `|completion_tokens`, `|requests`, and `tokens` (all of them)."""
+    return f"{PREFIX}:usage:{tenant}:{period}"
 
 
 def session_key(session_id: str) -> str:

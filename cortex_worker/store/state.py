@@ -35,6 +35,7 @@ from cortex_worker.store.keys import (
     tenant_index,
     tool_slots_key,
     tool_waiting_key,
+    usage_key,
 )
 
 RECONNECT_RETRIES = 40  # with a 1 s backoff cap: about 35 s without Redis
@@ -517,6 +518,41 @@ class Store:
         once, to the lane with the fewest tenants)."""
         return int(self._tool_scripts["tenant_lane"](keys=[TENANT_LANES], args=[tenant, lanes]))
 
+    # -- usage (jobs/usage.py) ----------------------------------------------------------------
+    def record_usage(self, job_id: str, tenant: str, endpoint: str, *, prompt_tokens: int,
+                     completion_tokens: int, days: Sequence[str], ttl_s: int) -> None:
+        """Count one answered model request against the job and its tenant's `days` keys (its
+        UTC day and month: `usage_key`)."""
+        counts = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "requests": 1}
+        pipe = self.redis.pipeline(transaction=False)
+        for key in (job_keys(job_id).usage, *(usage_key(tenant, d) for d in days)):
+            for name, value in counts.items():
+                if value:
+                    pipe.hincrby(key, f"{endpoint}|{name}", value)
+            if key != job_keys(job_id).usage:
+                pipe.hincrby(key, "tokens", prompt_tokens + completion_tokens)
+                pipe.expire(key, ttl_s)
+        pipe.expire(job_keys(job_id).usage, self._ttl(job_id))
+        pipe.execute()
+
+    def usage(self, key: str) -> dict[str, dict[str, int]]:
+        """A usage hash as {endpoint: {prompt_tokens, completion_tokens, requests}}."""
+        out: dict[str, dict[str, int]] = {}
+        for field, value in self.redis.hgetall(key).items():
+            endpoint, _, name = field.rpartition("|")
+            if endpoint:
+                out.setdefault(endpoint, {"prompt_tokens": 0, "completion_tokens": 0,
+                                          "requests": 0})[name] = int(value)
+        return out
+
+    def tokens_used(self, tenant: str, periods: Sequence[str]) -> list[int]:
+        """The tokens `tenant` used in each of `periods` (days or months)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for period in periods:
+            pipe.hget(usage_key(tenant, period), "tokens")
+        return [int(v or 0) for v in pipe.execute()]
+
     def note_model_endpoint(self, endpoint: str) -> None:
         """List `endpoint` among those whose limits are kept (`model_endpoints`)."""
         self.redis.sadd(MODELS_INDEX, endpoint)
@@ -738,7 +774,9 @@ class Store:
 
     def close(self, job_id: str, status: str, fields: dict[str, Any] | None = None,
               events: Sequence[tuple[str, dict[str, Any]]] = (), *, only_if: str = "") -> list[str] | None:
-        """End the job with `status`; unfinished actions are cancelled. None if it had ended."""
+        """End the job with `status`; unfinished actions are cancelled; the last event (its
+        end) carries the job's model usage, if it has any. None if it had ended."""
         args = _event_args(events)
-        out = self._run("close", job_id, status, dumps(encode(fields or {})), only_if, *args)
+        out = self._run("close", job_id, status, dumps(encode(fields or {})), only_if, *args,
+                        extra_keys=[job_keys(job_id).usage])
         return None if out is None else list(out)

@@ -19,6 +19,7 @@ import redis
 
 from cortex_worker.actions import dispatch
 from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker.jobs import usage
 from cortex_worker.jobs.options import JobOptions
 from cortex_worker.jobs.turns import loop as coordinator
 from cortex_worker.jobs.turns import waiting
@@ -65,7 +66,8 @@ def test_an_agent_runs_an_action_then_answers(store: Store, broker: StubBroker,
     assert [e["data"]["turn"] for e in of(log, "turn_completed")] == [1, 2]
     assert one(log, "response_end") == {"final": True, "text": "The sum is 42."}
     assert log[-1]["data"] == {"status": "completed", "result": "The sum is 42.", "error": None,
-                               "turns": 2}
+                               "turns": 2, "usage": usage.job_usage(store, job_id)}
+    assert [counts["requests"] for counts in log[-1]["data"]["usage"].values()] == [2]
     second = llm.requests(model)[1]["messages"]
     assert second[-1] == {"role": "user", "content": '<result id="sum" status="ok">42</result>'}
     assert llm.remaining(model) == 0

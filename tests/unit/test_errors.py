@@ -22,7 +22,7 @@ from cortex_api import errors as api_errors
 from cortex_api.app import create_app
 from cortex_api.deps import get_store
 from cortex_api.routes import sessions
-from cortex_worker.errors import ActionFailed, CortexError, SubmitError
+from cortex_worker.errors import ActionFailed, CortexError, QuotaExceededError, SubmitError
 from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.llm.stream import ModelError
 from cortex_worker.manifests.loader import (
@@ -42,6 +42,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 NOT_IN_THE_TREE = {
     "cortex_worker.actions.call.Deferred": "control flow: a child job records the outcome",
+    "cortex_worker.llm.limits.ModelBusy": "control flow: the turn hands its thread back and "
+                                          "is sent again for when a model slot is due",
     "cortex_api.limits.BodyTooLarge": "an HTTPException: it is already a 413 response",
 }
 """Exception classes that are not errors of the tree, on purpose, and why."""
@@ -51,6 +53,7 @@ API_STATUS: dict[type[CortexError], int] = {
     UnknownAgentError: 422,
     UnknownWorkflowError: 422,
     SessionBusy: 409,
+    QuotaExceededError: 429,
 }
 """What the API answers for these errors (they name what the request asked for); every other
 error of the tree is a 500."""

@@ -163,6 +163,7 @@ def test_the_parsers_event_kinds_are_event_types() -> None:
 
 def test_terminal_events_are_the_end_events_of_the_terminal_statuses() -> None:
     assert set(END_EVENTS) == set(JOB_TERMINAL)
+    assert _table("JOB_END_EVENTS") == set(END_EVENTS.values())  # close.lua: usage goes on them
     assert sorted(TERMINAL_EVENTS) == ["job_cancelled", "job_completed", "job_failed"]
 
 

@@ -33,6 +33,7 @@ from cortex_worker.agents.prompt import (
 from cortex_worker.agents.spec import AgentSpec
 from cortex_worker.handles import get_job_ends, get_registry
 from cortex_worker.jobs import feeds, lifecycle
+from cortex_worker.jobs import usage as spending
 from cortex_worker.jobs.ends import Watch
 from cortex_worker.jobs.kinds import KINDS, render_responses
 from cortex_worker.jobs.record import JobRecord
@@ -40,7 +41,6 @@ from cortex_worker.jobs.turns.reading import (
     Reading,
     Turn,
     chunk_writer,
-    estimate_usage,
     fail_unseen_dependencies,
     flush,
     handle,
@@ -52,6 +52,7 @@ from cortex_worker.llm.gateway import open_stream
 from cortex_worker.llm.grammar import Grammar, build_grammar
 from cortex_worker.llm.stream import (
     ModelError,
+    estimate_usage,
     protocol_id,
 )
 from cortex_worker.observability import tracing
@@ -141,6 +142,9 @@ def run_turns(store: Store, job_id: str) -> None:
                     start = _known_start(job, agent, turn, turn_state)
         except limits.ModelBusy as busy:
             _hand_back(store, job_id, turn, busy)
+            return
+        except spending.QuotaExceeded as exc:
+            end_job(store, job_id, "failed", error=str(exc), turns=turn)
             return
         except ModelError as exc:
             end_job(store, job_id, "failed", error=f"model error: {exc}")
@@ -285,13 +289,18 @@ def _tool_content(result: dict[str, Any] | None, limit: int) -> str:
 
 def model_caller(store: Store, job_id: str, job: JobRecord, agent: AgentSpec) -> limits.Caller:
     """The job as a caller of its model endpoint: it waits for a shared slot until its wall
-    time runs out, and its log shows each wait (`model_waiting`)."""
+    time runs out, its log shows each wait (`model_waiting`), and each request is counted
+    against its tenant's budget (`usage`)."""
     def waiting(endpoint: str, reason: str, wait_s: float | None) -> None:
         store.emit(job_id, [(EventType.model_waiting, {
             "endpoint": endpoint, "reason": reason,
             "wait_s": None if wait_s is None else round(wait_s, 3)})], live=True)
+    def spent(endpoint: str, prompt_tokens: int, completion_tokens: int) -> None:
+        spending.record(store, job_id, job.tenant, endpoint, prompt_tokens, completion_tokens)
+
     return limits.Caller(store, job_id, job.tenant, on_wait=waiting,
-                         deadline=job.begun_at + agent.max_wall_time_s, hold_s=MODEL_HOLD_S)
+                         deadline=job.begun_at + agent.max_wall_time_s, hold_s=MODEL_HOLD_S,
+                         before=lambda: spending.check_running(store, job.tenant), on_usage=spent)
 
 
 def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,

@@ -101,13 +101,6 @@ class Reading:
         return [] if rest is None and time.monotonic() >= self.check_at else rest
 
 
-def estimate_usage(messages: list[dict[str, Any]], deltas: int) -> Usage:
-    """Token counts of a generation cut short: about 4 characters per prompt token, one
-    token per streamed delta (what OpenAI-compatible endpoints send)."""
-    prompt = sum(len(str(m.get("content") or "")) for m in messages) // 4
-    return Usage(prompt_tokens=prompt, completion_tokens=deltas, total_tokens=prompt + deltas)
-
-
 def handle(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
             events: list[p.ParseEvent], state: Turn, depth: int, model: ModelConfig, *,
             here: bool = True) -> list[p.ParseEvent] | None:

@@ -21,7 +21,27 @@ for i = 1, #statuses, 2 do
   end
 end
 redis.call('DEL', K_WAIT)
-for i = 6, #ARGV, 2 do emit(ARGV[i], ARGV[i + 1]) end
+-- The end event (the last) carries what the job's model requests spent, by endpoint
+-- (KEYS[17]: the job's usage hash, `<endpoint>|<count>` -> n; jobs/usage.py).
+local function with_usage(data)
+  local flat = redis.call('HGETALL', KEYS[17])
+  if #flat == 0 then return data end
+  local by = {}
+  for i = 1, #flat, 2 do
+    local cut = string.find(flat[i], '|[^|]*$')
+    local endpoint, name = string.sub(flat[i], 1, cut - 1), string.sub(flat[i], cut + 1)
+    by[endpoint] = by[endpoint] or {prompt_tokens = 0, completion_tokens = 0, requests = 0}
+    by[endpoint][name] = tonumber(flat[i + 1])
+  end
+  local usage = '"usage":' .. cjson.encode(by)
+  if string.match(data, '^%s*{%s*}%s*$') then return '{' .. usage .. '}' end
+  return string.gsub(data, '}%s*$', ',' .. usage .. '}', 1)
+end
+for i = 6, #ARGV, 2 do
+  local data = ARGV[i + 1]
+  if i + 1 == #ARGV and JOB_END_EVENTS[ARGV[i]] then data = with_usage(data) end
+  emit(ARGV[i], data)
+end
 expire_all()
 redis.call('SREM', ACTIVE_JOBS, JOB)
 redis.call('PUBLISH', ENDED_CHANNEL, JOB)

@@ -7,6 +7,7 @@ local K_JOB, K_SPEC, K_STATUS, K_RESULT, K_PENDING, K_POISON, K_DEPS, K_VARS, K_
 local JOB, NOW = ARGV[1], ARGV[2]
 local TERMINAL = {ok = true, error = true, timeout = true, skipped = true, cancelled = true}
 local JOB_TERMINAL = {completed = true, failed = true, cancelled = true}
+local JOB_END_EVENTS = {job_completed = true, job_failed = true, job_cancelled = true}
 local ENDED_CHANNEL = 'cx:ended'  -- keys.ENDED_CHANNEL: the id of every job that ends
 local ACTIVE_JOBS = 'cx:active'  -- keys.ACTIVE_JOBS: jobs that have not ended
 
