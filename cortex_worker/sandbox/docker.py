@@ -122,6 +122,26 @@ class ContainerResult:
         return ""
 
 
+OOM_EVENT_WAIT_S = 2.0
+"""How long a container killed by SIGKILL is looked at again for Docker's OOM flag: the daemon
+sets it from containerd's OOM event, which can arrive after the exit (a busy machine showed a
+memory-limited container's `137` with `OOMKilled` still false)."""
+
+
+def _oom_killed(container: Any, status: int, timed_out: bool) -> bool:
+    """Whether the kernel's OOM killer ended the container (Docker's `State.OOMKilled`)."""
+    deadline = time.monotonic() + (OOM_EVENT_WAIT_S if status == 128 + signal.SIGKILL
+                                   and not timed_out else 0.0)
+    while True:
+        with contextlib.suppress(DockerException, requests.RequestException):
+            container.reload()
+            if container.attrs.get("State", {}).get("OOMKilled"):
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
 # ---------------------------------------------------------------- the daemon
 
 
@@ -393,10 +413,7 @@ def _run(
             raise _lost(settings, exc, "waiting for the container") from None
         duration = time.monotonic() - started
         reader.join(DRAIN_GRACE_S)  # the attach stream ends with the container
-        oom = False
-        with contextlib.suppress(DockerException, requests.RequestException):
-            container.reload()
-            oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
+        oom = _oom_killed(container, int(status.get("StatusCode", -1)), timed_out)
     finally:
         capture.close()
         reader.join(DRAIN_GRACE_S)
