@@ -281,7 +281,8 @@ def test_a_models_requests_share_one_kept_alive_connection(model: str) -> None:
         cfg = config(server, model, max_retries=1)
         assert text_of(list(stream_messages(cfg, MESSAGES))) == "one"
         assert text_of(list(stream_messages(cfg, MESSAGES))) == "two"
-        assert any(isinstance(piece, ToolCall) for piece in stream_messages(cfg, MESSAGES))
+        # read to its end: a stream closed early (at its call) may leave its connection
+        assert any(isinstance(piece, ToolCall) for piece in list(stream_messages(cfg, MESSAGES)))
         assert failure(stream_messages(cfg, MESSAGES)).status == 400
         assert text_of(list(stream_messages(cfg, MESSAGES))) == "three"
         assert len(server.requests(model)) == 6

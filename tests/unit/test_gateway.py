@@ -329,7 +329,8 @@ def test_a_models_requests_share_one_kept_alive_connection(model: str) -> None:
         cfg = config(server, model, max_retries=1)
         assert text_of(list(gateway.stream_chat(cfg, MESSAGES))) == "one"
         assert text_of(list(gateway.stream_chat(cfg, MESSAGES))) == "two"
-        assert any(isinstance(piece, ToolCall) for piece in gateway.stream_chat(cfg, MESSAGES))
+        # read to its end: a stream closed early (at its call) may leave its connection
+        assert any(isinstance(piece, ToolCall) for piece in list(gateway.stream_chat(cfg, MESSAGES)))
         assert failure(gateway.stream_chat(cfg, MESSAGES)).status == 400
         assert text_of(list(gateway.stream_chat(cfg, MESSAGES))) == "three"
         assert len(server.requests(model)) == 6
