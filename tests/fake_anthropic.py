@@ -214,10 +214,11 @@ class _MessagesHandler(_Handler):
             self._rate_limited(model, admission)
             return
         self._rate_headers = self._limit_headers(admission)
+        self._admitted = (model, admission.slot)
         try:
             self._answer(model, body, headers)
         finally:
-            fake._finish(model, admission.slot)
+            self._finished()
 
     def _answer(self, model: str, body: dict[str, Any], headers: dict[str, str]) -> None:
         fake = self.fake
@@ -235,9 +236,11 @@ class _MessagesHandler(_Handler):
                 self._error(turn.fail_status, turn.error_message
                             or f"FakeAnthropic scripted failure {turn.fail_status}", turn.headers)
             elif body.get("stream"):
+                self._ending = (model, index, "stream_error" if turn.stream_error else "complete")
                 self._stream(model, index, body, turn)
                 fake._outcome(model, index, "stream_error" if turn.stream_error else "complete")
             else:
+                self._ending = (model, index, "complete")
                 self._whole(model, index, body, turn)
                 fake._outcome(model, index, "complete")
         except _Dropped:

@@ -512,12 +512,16 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     fake: FakeLLM  # set on the subclass made by FakeLLM.start
     _rate_headers: dict[str, str]  # the rate-limit headers of the answer to this request
+    _admitted: tuple[str, int] | None  # (model, slot) of this request while it is in flight
+    _ending: tuple[str, int, str] | None  # (model, index, outcome) to record at the last write
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
 
     def handle_one_request(self) -> None:
         self._rate_headers = {}
+        self._admitted = None
+        self._ending = None
         super().handle_one_request()
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -531,12 +535,33 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
 
+    def _release(self) -> None:
+        """Just before an answer's last write: its outcome (`_ending`) is recorded and it
+        leaves the in-flight count, so a client that has read the whole answer never finds
+        the server's bookkeeping behind it (a next request sent the moment an answer ended
+        was refused for a slot not yet given back; `outcomes()` read then still said
+        `streaming`). A last write that fails records `client_disconnected` after it."""
+        if self._ending is not None:
+            model, index, outcome = self._ending
+            self._ending = None
+            self.fake._outcome(model, index, outcome)
+        self._finished()
+
+    def _finished(self) -> None:
+        """This request leaves the in-flight count (once): at its last write, or when its
+        handling ends in any way."""
+        if self._admitted is not None:
+            model, slot = self._admitted
+            self._admitted = None
+            self.fake._finish(model, slot)
+
     def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self._end_headers(headers or {})
+        self._release()
         self.wfile.write(data)
 
     def _error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
@@ -546,6 +571,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _chunk(self, data: bytes, *, last: bool = False) -> None:
         """Write one chunk; `last`: with the body's end in the same write (one segment), so a
         client reading on to the end to keep the connection never waits on this thread."""
+        if last:
+            self._release()
         self.wfile.write(b"%X\r\n%s\r\n%s" % (len(data), data, b"0\r\n\r\n" if last else b""))
 
     def _event(self, payload: Any) -> None:
@@ -587,10 +614,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._rate_limited(model, admission)
             return
         self._rate_headers = self._limit_headers(admission)
+        self._admitted = (model, admission.slot)
         try:
             self._answer(model, body, headers)
         finally:
-            fake._finish(model, admission.slot)
+            self._finished()
 
     def _answer(self, model: str, body: dict[str, Any], headers: dict[str, str]) -> None:
         fake = self.fake
@@ -607,9 +635,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(turn.fail_status, turn.error_message
                             or f"FakeLLM scripted failure {turn.fail_status}", turn.headers)
             elif body.get("stream"):
+                self._ending = (model, index, "complete")
                 self._stream(model, index, body, turn)
                 fake._outcome(model, index, "complete")
             else:
+                self._ending = (model, index, "complete")
                 self._whole(model, index, body, turn)
                 fake._outcome(model, index, "complete")
         except _Dropped:
