@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite, in three pytest processes at once, whose tests mostly wait:
-# on their own subprocesses, on recovery timers, on a model. tests/model (a real model on
-# llama.cpp's server: about four minutes of one core) and tests/chaos with tests/load (kills,
-# restarts and a two-minute soak: minutes of waiting for timers) run beside the rest; their
-# output follows the rest's. Fails if any part failed. Arguments go to every pytest run.
+# `make test`: the whole suite, in four pytest processes at once, whose tests mostly wait: on
+# their own subprocesses, on recovery timers, on a model. Beside the integration tests (the
+# wire: HTTP, SSE, real Celery workers) run tests/model (a real model on llama.cpp's server:
+# about five minutes of one core), tests/chaos with tests/load (kills, restarts and a
+# two-minute soak: minutes of waiting for timers), and the in-process and process-level lanes
+# with the two integration files that start whole stacks (cortex up, cortex demo) to even the
+# parts out; their output follows the integration tests'. Fails if any part failed. Arguments
+# go to every pytest run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=.venv/bin/python
-beside=(tests/model "tests/chaos tests/load")
+beside=(tests/model "tests/chaos tests/load"
+        "tests/unit tests/engine tests/process tests/security tests/integration/test_up.py tests/integration/test_demo.py")
 logs=()
 pids=()
 for part in "${beside[@]}"; do
     log=$(mktemp -t cortex-tests.XXXXXX)
-    # shellcheck disable=SC2086  # a part is one or more directories
+    # shellcheck disable=SC2086  # a part is one or more directories or files
     CORTEX_TEST_LLAMA_THREADS=1 "$python" -m pytest $part -p no:cacheprovider "$@" >"$log" 2>&1 &
     pids+=($!)
     logs+=("$log")
