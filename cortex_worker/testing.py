@@ -141,6 +141,11 @@ class StubBroker:
         return self._put(Message(CANVAS, [], _first_queue(signature), signature=signature,
                                  argsrepr=f"({signature!r})"))
 
+    def held(self) -> set[str]:
+        """The task ids of the messages queued here."""
+        with self._lock:
+            return {m.task_id for m in self.pending if m.task_id}
+
     def revoke(self, task_ids: Sequence[str]) -> None:
         ids = set(task_ids)
         with self._lock:

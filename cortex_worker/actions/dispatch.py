@@ -7,6 +7,8 @@ engine in-process for tests.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -19,6 +21,7 @@ from cortex_worker.app import app
 from cortex_worker.handles import get_registry, get_store
 from cortex_worker.jobs import approvals
 from cortex_worker.plan.canvas import Step, to_canvas
+from cortex_worker.pools import NAMES, lanes
 from cortex_worker.settings import get_settings
 
 #: Both dispatch paths run actions through this task: readiness sends (job id, action id,
@@ -59,6 +62,11 @@ class Broker(Protocol):
         """Several `send_task` calls in a row (Celery's: through one producer)."""
         ...
 
+    def held(self) -> set[str] | None:
+        """The task ids of the messages the broker holds: queued, or delivered to a worker
+        that has not acknowledged them. None if it cannot tell."""
+        ...
+
 
 class CeleryBroker:
     """The broker of a Celery app: messages go to Redis, and the pools' workers run them."""
@@ -92,6 +100,48 @@ class CeleryBroker:
 
     def revoke(self, task_ids: Sequence[str]) -> None:
         self.app.control.revoke(list(task_ids), terminate=True, signal="SIGTERM")
+
+    def held(self) -> set[str] | None:
+        """Read from kombu's Redis transport: every lane's list, and the `unacked` hash of
+        messages delivered to workers. None on another transport, or when the lanes hold too
+        many to read in one pass (`HOLDING_SCAN_MAX`)."""
+        with self.app.connection_for_read() as connection:
+            if connection.transport.driver_type != "redis":
+                return None
+            client = connection.default_channel.client
+            queues = [lane for pool in NAMES for lane in lanes(pool)]
+            pipe = client.pipeline(transaction=False)
+            for queue in queues:
+                pipe.llen(queue)
+            sizes = pipe.execute()
+            if sum(sizes) > HOLDING_SCAN_MAX:
+                return None
+            pipe = client.pipeline(transaction=False)
+            for queue, size in zip(queues, sizes, strict=True):
+                if size:
+                    pipe.lrange(queue, 0, -1)
+            pipe.hvals(UNACKED_KEY)
+            *queued, delivered = pipe.execute()
+        held = {_message_id(raw) for listed in queued for raw in listed}
+        for raw in delivered:
+            with contextlib.suppress(ValueError, TypeError, IndexError, AttributeError):
+                held.add(str(json.loads(raw)[0].get("headers", {}).get("id")))
+        return held
+
+
+HOLDING_SCAN_MAX = 50_000
+"""Messages queued in all lanes past which `CeleryBroker.holding` does not read them (a
+lost message is then sent again once the backlog is shorter)."""
+UNACKED_KEY = "unacked"
+"""kombu's Redis hash of delivered, unacknowledged messages (its default `unacked_key`)."""
+
+
+def _message_id(raw: Any) -> str:
+    """The task id of a message as kombu's Redis transport lists it (JSON: headers.id)."""
+    try:
+        return str(json.loads(raw).get("headers", {}).get("id"))
+    except (ValueError, TypeError, AttributeError):
+        return ""
 
 
 class _Sending:

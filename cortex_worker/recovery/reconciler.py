@@ -9,8 +9,9 @@ re-drives, with a `warning` event each time:
 - a turn whose coordinator died (no heartbeat): at the first pass that sees it, then with
   the grace period doubling while the job makes no progress;
 - a job left `finishing` (its last action ended but the worker died before acting on it);
-- an action `queued` and unclaimed past the grace period (its message was lost: kombu pops a
-  message before it records it as unacked), sent again with the grace doubling each time;
+- an action `queued` and unclaimed past the grace period whose message the broker no longer
+  holds (it was lost: kombu pops a message before it records it as unacked; one still queued
+  behind other work only waits), sent again with the grace doubling each time;
 - an action `running` whose worker died: its lease is released and it is sent again, at most
   `max_redrives` times; then it fails with the reason, and its job goes on as with any failure.
 
@@ -54,9 +55,20 @@ class Reconciler:
     def __init__(self, store: Store, settings: Settings) -> None:
         self.store, self.settings = store, settings
         self.grace = settings.redrive_grace_s
+        self._held: set[str] | None = None  # the broker's messages, read once a pass
+
+    def _in_broker(self, task_id: str) -> bool:
+        """Whether the broker still holds the message of `task_id` (queued behind others, or
+        taken by a worker that has not acknowledged it): then it is not lost, only waiting.
+        Read once a pass, when the first queued message is due (`Broker.held`; a broker that
+        cannot tell holds nothing, and the message is sent again)."""
+        if self._held is None:
+            self._held = dispatch.current_broker().held() or set()
+        return task_id in self._held
 
     def reconcile(self) -> int:
         """One pass over the active jobs; returns how many things were sent again."""
+        self._held = None  # read again this pass, if needed
         ids = self.store.active_jobs()
         return sum(self._batch(ids[at:at + BATCH]) for at in range(0, len(ids), BATCH))
 
@@ -99,6 +111,8 @@ class Reconciler:
              now: float) -> int:
         last = job.progress_at or job.created_at
         if job.status == "queued" or (job.status == "running" and job.kind != "agent" and not job.closed):
+            if self._due(last, 0, now) and self._in_broker(f"{job.id}:start"):
+                return 0  # its start waits in its lane behind others' work
             if self._due_job(job.id, "@start", last, now):
                 self._warn(job.id, "start_redriven", f"the {job.kind} job had not started "
                            f"{now - job.created_at:.0f} s after it was queued; its start was sent again")
@@ -144,7 +158,8 @@ class Reconciler:
                  now: float) -> dict[str, Any] | None:
         if state.status == "queued" and state.owner is None:
             if not self._due(state.queued_at, state.redrives, now) \
-                    or self._waits_for_slot(job_id, action_id, state):
+                    or self._waits_for_slot(job_id, action_id, state) \
+                    or self._in_broker(dispatch.task_id(job_id, action_id)):
                 return None
             outcome, value = self.store.redrive(
                 job_id, action_id, "", f"action {action_id!r} was queued "

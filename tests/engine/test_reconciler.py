@@ -67,6 +67,24 @@ def test_a_queued_action_whose_message_was_lost_is_sent_again(store: Store,
     assert store.active_jobs() == []
 
 
+def test_a_queued_action_still_in_its_queue_only_waits(store: Store,
+                                                        broker: StubBroker) -> None:
+    """Queued long ago behind other work, but its message is still in the broker: it is not
+    lost, so nothing is sent again and no warning says so (a flood of queued work was filling
+    the logs with false "lost" warnings and its lanes with duplicates)."""
+    job_id = jobs.submit_document(store, DOC, options=READINESS)
+    broker.step()  # the start sends `a`, which waits in its queue
+    age_queued(store, job_id, "a", 600)
+    reconciler = Reconciler(store, get_settings())
+    assert reconciler.reconcile() == 0
+    assert len(sent_actions(broker, job_id)) == 1 and redriven(store, job_id) == []
+    broker.drop(dispatch.ACTION_TASK)  # now it is lost
+    assert reconciler.reconcile() == 1
+    assert [w["action_id"] for w in redriven(store, job_id)] == ["a"]
+    broker.join()
+    assert status(store, job_id) == "completed"
+
+
 def test_a_queued_action_is_sent_again_with_the_grace_doubling(store: Store,
                                                                broker: StubBroker) -> None:
     job_id = jobs.submit_document(store, DOC, options=READINESS)
