@@ -39,12 +39,15 @@ AGENT_THREADS = 200
 
 class Quota(BaseModel):
     """A tenant's token budget (prompt and completion tokens of every model request of its
-    jobs), per UTC day and per month; None: no limit."""
+    jobs), per UTC day and per month, and its cap on jobs running at once; None: no limit."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     tokens_per_day: int | None = Field(default=None, gt=0)
     tokens_per_month: int | None = Field(default=None, gt=0)
+    max_running_jobs: int | None = Field(
+        default=None, gt=0, description="jobs of the tenant running at once (child jobs of "
+        "its running jobs not counted); the others wait `queued`, in order")
 
 
 class Settings(BaseSettings):

@@ -215,16 +215,19 @@ def send_canvas(job_id: str, step: Step, specs: Mapping[str, Mapping[str, Any]])
     _sending.broker.apply_canvas(to_canvas(step, signature))
 
 
-def start_job(job_id: str) -> None:
-    """Queue the start of a job on the agent pool."""
+def start_job(job_id: str, countdown: float | None = None) -> None:
+    """Queue the start of a job on the agent pool (in `countdown` seconds, if given)."""
     _sending.broker.send_task(START_TASK, [job_id], queue=fairness.queue("agent", job_id),
-                              task_id=f"{job_id}:start")
+                              task_id=f"{job_id}:start", countdown=countdown)
 
 
-def agent_turn(job_id: str, countdown: float | None = None) -> None:
-    """Queue an agent job's next turn on the agent pool (in `countdown` seconds, if given)."""
+def agent_turn(job_id: str, countdown: float | None = None, *, start: bool = False) -> None:
+    """Queue an agent job's next turn on the agent pool (in `countdown` seconds, if given).
+    `start`: it is the job's start, sent again (its message has the start's task id, which
+    the reconciler looks for before it calls a start lost)."""
     _sending.broker.send_task(TURN_TASK, [job_id], queue=fairness.queue("agent", job_id),
-                              countdown=countdown, argsrepr=f"({job_id!r},)")
+                              countdown=countdown, argsrepr=f"({job_id!r},)",
+                              task_id=f"{job_id}:start" if start else None)
 
 
 def invoke(spec: Mapping[str, Any], *, timeout: float, job_id: str) -> Any:

@@ -22,7 +22,7 @@ from cortex_worker.actions.call import ChildJob
 from cortex_worker.actions.table import ACTION_TYPES, Target
 from cortex_worker.errors import SubmitError
 from cortex_worker.handles import get_registry
-from cortex_worker.jobs import approvals, usage
+from cortex_worker.jobs import approvals, tenants, usage
 from cortex_worker.jobs.kinds import KINDS, Start
 from cortex_worker.jobs.options import JobOptions
 from cortex_worker.jobs.record import DEFAULT_TENANT, JobKindName, JobRecord
@@ -269,6 +269,9 @@ def start_job(store: Store, job_id: str) -> None:
     job = store.get_job(job_id)
     if job is None or job.status not in ("queued", "running"):
         return
+    if job.status == "queued" and not tenants.admitted(store, job):
+        dispatch.start_job(job_id, countdown=tenants.ADMIT_AGAIN_S)  # its tenant is at its cap
+        return
     start = KINDS[job.kind].start(store, job)
     if start is not None:
         start_plan(store, job, start)
@@ -364,6 +367,7 @@ def end_job(store: Store, job_id: str, status: str, data: dict[str, Any],
     if ended is None:
         return False
     dispatch.revoke(job_id, ended)
+    tenants.release(store, job)
     tracing.record_job(job_id, job.created_at, status, {
         "cortex.job.kind": job.kind, "cortex.agent": job.agent or "", **(
             {"error.type": "job_" + status, "cortex.job.error": str(error)} if error else {})})

@@ -127,6 +127,11 @@ def usage_key(tenant: str, period: str) -> str:
     return f"{PREFIX}:usage:{tenant}:{period}"
 
 
+def tenant_running_key(tenant: str) -> str:
+    """Set: the jobs of `tenant` admitted to run under its `max_running_jobs` (jobs/tenants.py)."""
+    return f"{PREFIX}:tenant:{tenant}:running"
+
+
 def session_key(session_id: str) -> str:
     """A session's hash; its messages and jobs are lists at `:messages` and `:jobs`."""
     return f"{PREFIX}:session:{session_id}"

@@ -33,6 +33,7 @@ from cortex_worker.store.keys import (
     model_keys,
     session_key,
     tenant_index,
+    tenant_running_key,
     tool_slots_key,
     tool_waiting_key,
     usage_key,
@@ -178,7 +179,7 @@ class Store:
                                       "begin", "redrive", "approval_request", "approval_decide")}
         self._tool_scripts = {name: client.register_script(_lua(name, prelude=False))
                               for name in ("slot_take", "slot_give", "model_take",
-                                           "model_give", "tenant_lane")}
+                                           "model_give", "tenant_lane", "tenant_admit")}
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -552,6 +553,29 @@ class Store:
         for period in periods:
             pipe.hget(usage_key(tenant, period), "tokens")
         return [int(v or 0) for v in pipe.execute()]
+
+    # -- tenants' caps (jobs/tenants.py) -------------------------------------------------------
+    def admit_running(self, tenant: str, job_id: str, cap: int) -> bool:
+        """Admit `job_id` among `tenant`'s running jobs if fewer than `cap` are (or it is)."""
+        return bool(self._tool_scripts["tenant_admit"](keys=[tenant_running_key(tenant)],
+                                                       args=[job_id, cap]))
+
+    def release_running(self, tenant: str, job_id: str) -> None:
+        self.redis.srem(tenant_running_key(tenant), job_id)
+
+    def prune_running(self, tenant: str) -> int:
+        """Release the admitted jobs of `tenant` that have ended (their release was lost);
+        returns how many."""
+        key = tenant_running_key(tenant)
+        members = sorted(self.redis.smembers(key))
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in members:
+            pipe.hget(job_keys(job_id).job, "status")
+        gone = [j for j, st in zip(members, pipe.execute(), strict=True)
+                if st is None or st in JOB_TERMINAL]
+        if gone:
+            self.redis.srem(key, *gone)
+        return len(gone)
 
     def note_model_endpoint(self, endpoint: str) -> None:
         """List `endpoint` among those whose limits are kept (`model_endpoints`)."""

@@ -32,7 +32,7 @@ from cortex_worker.agents.prompt import (
 )
 from cortex_worker.agents.spec import AgentSpec
 from cortex_worker.handles import get_job_ends, get_registry
-from cortex_worker.jobs import feeds, lifecycle
+from cortex_worker.jobs import feeds, lifecycle, tenants
 from cortex_worker.jobs import usage as spending
 from cortex_worker.jobs.ends import Watch
 from cortex_worker.jobs.kinds import KINDS, render_responses
@@ -99,6 +99,11 @@ def run_turns(store: Store, job_id: str) -> None:
     coordinator had already done (`turn_phase`), and never dispatching an action again that
     was already registered (see `start_action`)."""
     start: TurnStart | None = FIRST_TURN  # how the next turn starts, when this thread knows it
+    if tenants.any_caps():
+        job = store.peek(job_id, "status", "tenant", "parent_job")
+        if job is not None and job.status == "queued" and not tenants.admitted(store, job):
+            dispatch.agent_turn(job_id, countdown=tenants.ADMIT_AGAIN_S, start=True)  # the cap
+            return
     while True:
         resumed, start = _resume(store, job_id, start), None
         if resumed is None:
