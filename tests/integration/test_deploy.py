@@ -3,11 +3,11 @@
 No services are needed (marked `unit` as well): every YAML document parses; every Kubernetes
 object is checked against a schema written here for the fields Cortex uses, and the objects
 are checked against each other (Services select pods, ScaledObjects target the Deployment of
-their pool and scale on its queue's Redis list, every referenced ConfigMap, Secret key,
-PVC, port and TriggerAuthentication exists); the compose file has a service per pool, Redis
-with AOF and Flower behind basic auth, and `docker compose config` (or `docker-compose
-config`) accepts it where either is installed. The image is not built here: its base image
-would have to be pulled from a registry.
+their pool and scale on every lane of its queue, a Redis list each, every referenced
+ConfigMap, Secret key, PVC, port and TriggerAuthentication exists); the compose file has a
+service per pool, Redis with AOF and Flower behind basic auth, and `docker compose config`
+(or `docker-compose config`) accepts it where either is installed. The image is not built
+here: its base image would have to be pulled from a registry.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import yaml
 
 from cortex_worker.manifests.loader import load_registry
 from cortex_worker.pools import NAMES as POOLS
+from cortex_worker.pools import lanes
 from cortex_worker.settings import Settings, hashed_key_entries
 
 pytestmark = pytest.mark.unit
@@ -135,7 +136,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                     "metadata": {
                         "type": "object", "required": ["listName", "listLength"],
                         "properties": {
-                            "listName": {"enum": list(POOLS)},
+                            "listName": {"enum": [lane for pool in POOLS
+                                                  for lane in lanes(pool)]},
                             "listLength": {"type": "string", "pattern": r"^[1-9][0-9]*$"},
                             "activationListLength": {"type": "string", "pattern": r"^[0-9]+$"},
                             "databaseIndex": {"type": "string", "pattern": r"^[0-9]+$"}}},
@@ -278,7 +280,10 @@ def test_the_example_manifests_config_map_loads(tmp_path: Path) -> None:
     assert registry.tools
 
 
-def test_keda_scales_each_pool_on_its_redis_list() -> None:
+def test_keda_scales_each_pool_on_every_lane_of_its_queue() -> None:
+    """KEDA's `redis` trigger reads one list, and a pool's backlog is spread over its lanes'
+    lists (each tenant's in its own): a ScaledObject has a trigger per lane, or it would not
+    see most tenants' work."""
     objects = _k8s_objects()
     deployments = _by_kind(objects, "Deployment")
     auths = _by_kind(objects, "TriggerAuthentication")
@@ -288,20 +293,25 @@ def test_keda_scales_each_pool_on_its_redis_list() -> None:
     for name, obj in scaled.items():
         target = obj["spec"]["scaleTargetRef"]["name"]
         assert target in deployments, name
-        trigger = obj["spec"]["triggers"][0]
-        assert trigger["type"] == "redis"
-        pool = trigger["metadata"]["listName"]
+        triggers = obj["spec"]["triggers"]
+        pool = triggers[0]["metadata"]["listName"]
         assert pool in POOLS
         assert _pool_of(deployments[target]) == pool, f"{name} scales {target} on {pool}"
+        listed = [t["metadata"]["listName"] for t in triggers]
+        assert sorted(listed) == sorted(lanes(pool)), f"{name}: not every lane of {pool}"
         assert obj["spec"]["minReplicaCount"] <= obj["spec"]["maxReplicaCount"]
-        auth = auths[trigger["authenticationRef"]["name"]]
-        for ref in auth["spec"]["secretTargetRef"]:
-            assert ref["key"] in secrets[ref["name"]]["stringData"]
-        assert {r["parameter"] for r in auth["spec"]["secretTargetRef"]} >= {"address"}
-        # KEDA reads the list from the database the workers use.
         url = secrets["cortex-secrets"]["stringData"]["redis-url"]
         db = re.search(r"/(\d+)$", url)
-        assert trigger["metadata"].get("databaseIndex", "0") == (db.group(1) if db else "0")
+        for trigger in triggers:
+            assert trigger["type"] == "redis"
+            auth = auths[trigger["authenticationRef"]["name"]]
+            for ref in auth["spec"]["secretTargetRef"]:
+                assert ref["key"] in secrets[ref["name"]]["stringData"]
+            assert {r["parameter"] for r in auth["spec"]["secretTargetRef"]} >= {"address"}
+            # KEDA reads the lists from the database the workers use.
+            assert trigger["metadata"].get("databaseIndex", "0") == (db.group(1) if db else "0")
+        # one target per pool: every lane's trigger asks the same backlog per replica
+        assert len({t["metadata"]["listLength"] for t in triggers}) == 1, name
         seen.add(pool)
     assert seen == set(POOLS)
     relic = next(o for o in scaled.values()
