@@ -278,9 +278,10 @@ def test_non_final_responses_then_a_final_one(api: Any, llm: FakeLLM) -> None:
     # the response streamed as written; only response_end renders it
     first_turn = [e for e in events if e["seq"] < of(events, "turn_completed")[0]["seq"]]
     assert text_of(first_turn, "response_chunk") == "Computing $c1 first."
-    assert events[-1]["data"] == {"status": "completed", "result": "Final: 42 (checked: 42).",
-                                  "error": None, "turns": 3}
     job = view(api, job_id)
+    assert events[-1]["data"] == {"status": "completed", "result": "Final: 42 (checked: 42).",
+                                  "error": None, "turns": 3, "usage": job["usage"]}
+    assert [u["requests"] for u in job["usage"].values()] == [3]  # one per turn
     assert (job["status"], job["result"]) == ("completed", "Final: 42 (checked: 42).")
     assert messages(llm, model, 2)[-1] == {
         "role": "user", "content": '<result id="c2" status="ok">42</result>'}
@@ -301,7 +302,8 @@ def test_max_turns_ends_the_job(api: Any, llm: FakeLLM) -> None:
     assert [e["data"]["action_id"] for e in of(events, "action_completed")] == ["s1", "s2", "s3", "s4"]
     assert types(events)[-2:] == ["turn_completed", "job_failed"]
     error = "max_turns (4) reached without a final response"
-    assert events[-1]["data"] == {"status": "failed", "result": None, "error": error, "turns": 4}
+    assert events[-1]["data"] == {"status": "failed", "result": None, "error": error, "turns": 4,
+                                  "usage": view(api, job_id)["usage"]}
     assert view(api, job_id)["error"] == error
     assert len(llm.requests(model)) == 4
     assert llm.remaining(model) == 1  # the fifth turn was never asked for
@@ -372,7 +374,8 @@ def test_three_idle_turns_in_a_row_fail_the_job(api: Any, llm: FakeLLM) -> None:
     assert [e["data"]["turn"] for e in of(events, "turn_completed")] == [1, 2, 3]
     error = "3 turns in a row without an action or a final response"
     assert events[-1]["type"] == "job_failed"
-    assert events[-1]["data"] == {"status": "failed", "result": None, "error": error, "turns": 3}
+    assert events[-1]["data"] == {"status": "failed", "result": None, "error": error, "turns": 3,
+                                  "usage": view(api, job_id)["usage"]}
     assert view(api, job_id)["status"] == "failed"
     assert [m[-1]["content"] for m in (messages(llm, model, i) for i in range(3))] == [
         "Do something.", PROTOCOL_REMINDER, PROTOCOL_REMINDER]
@@ -773,7 +776,7 @@ def test_agents_are_listed_and_unknown_ones_rejected(api: Any) -> None:
     tester = next(a for a in listed if a["name"] == "tester")
     assert tester["model"] == {"provider": "openai", "model": "tester",
                                "base_url": "${CORTEX_TEST_LLM_URL}", "native_tools": False,
-                               "transcript": None}
+                               "transcript": None, "limits": None, "name": None}
     assert (tester["agents"], tester["max_turns"]) == (["helper"], 4)
     before = [j["id"] for j in httpx.get(f"{api.url}/v1/jobs?limit=5").json()["items"]]
     response = httpx.post(f"{api.url}/v1/jobs", json={"agent": "nobody", "input": "hi"})
