@@ -3,15 +3,15 @@
 # their own subprocesses, on recovery timers, on a model. Beside the integration tests (the
 # wire: HTTP, SSE, real Celery workers) run tests/model (a real model on llama.cpp's server:
 # about five minutes of one core), tests/chaos with tests/load (kills, restarts and a
-# two-minute soak: minutes of waiting for timers), and the in-process and process-level lanes
-# with the two integration files that start whole stacks (cortex up, cortex demo) to even the
-# parts out; their output follows the integration tests'. Fails if any part failed. Arguments
+# two-minute soak: minutes of waiting for timers), and the in-process lanes with the security
+# tests and the two integration files that start whole stacks (cortex up, cortex demo), which
+# evens the parts out; their output follows that of the integration and process tests. Fails if any part failed. Arguments
 # go to every pytest run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=.venv/bin/python
 beside=(tests/model "tests/chaos tests/load"
-        "tests/unit tests/engine tests/process tests/security tests/integration/test_up.py tests/integration/test_demo.py")
+        "tests/unit tests/engine tests/security tests/integration/test_up.py tests/integration/test_demo.py")
 logs=()
 pids=()
 for part in "${beside[@]}"; do
