@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # `make test`: the whole suite, in four pytest processes at once, whose tests mostly wait: on
-# their own subprocesses, on recovery timers, on a model. Beside the integration tests (the
-# wire: HTTP, SSE, real Celery workers) run tests/model (a real model on llama.cpp's server:
-# about five minutes of one core), tests/chaos with tests/load (kills, restarts and a
-# two-minute soak: minutes of waiting for timers), and the in-process lanes with the security
-# tests and the two integration files that start whole stacks (cortex up, cortex demo), which
-# evens the parts out; their output follows that of the integration and process tests. Fails if any part failed. Arguments
-# go to every pytest run.
+# their own subprocesses, on recovery timers, on a model. Beside the integration and process
+# tests run tests/model (a real model on llama.cpp's server: about five minutes of one core),
+# tests/chaos with tests/load (kills, restarts and a two-minute soak: minutes of waiting for
+# timers), and the in-process tests with the security tests and the two integration files
+# that start whole stacks (cortex up, cortex demo), which evens the parts out; their output
+# follows that of the integration and process tests. Fails if any part failed. Arguments go
+# to every pytest run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=.venv/bin/python
