@@ -258,7 +258,7 @@ class _MessagesHandler(_Handler):
     def _limit_headers(self, a: _Admission) -> dict[str, str]:
         """Anthropic's rate-limit headers for the window `a` left."""
         limit = a.limit
-        if limit is None:
+        if limit is None or not limit.counts:
             return {}
         reset = _rfc3339(a.empties_at())
         headers: dict[str, str] = {}

@@ -43,7 +43,9 @@ until the window frees a request, written as OpenAI writes it: `0s`, `250ms`, `1
 and the same `-tokens` triple when tokens are limited. Each model has its own window; the
 window counts the requests admitted while a limit applies. Admissions and in-flight counts are
 kept with or without a limit (`admitted`, `max_in_flight_seen`), so a test can check a client's
-own limiter against a server that refuses nothing.
+own limiter against a server that refuses nothing. With `RateLimit(counts=False)` no answer
+carries the rate-limit headers, and a 429 says only `retry-after` (as many OpenAI-compatible
+servers do).
 
 Connections are kept alive between requests, as real providers keep them (`keep_alive=False`
 closes each after its answer); closing the server closes them too, so a client's pooled
@@ -125,6 +127,9 @@ class RateLimit:
     max_in_flight: int | None = None
     tokens_per_window: int | None = None
     retry_after_s: float | None = 1.0
+    counts: bool = True
+    """Send the provider's rate-limit headers (`x-ratelimit-*`, `anthropic-ratelimit-*`);
+    False: a 429's `retry-after` is all it says, as many OpenAI-compatible servers do."""
 
     def __post_init__(self) -> None:
         if not self.window_s > 0:
@@ -659,7 +664,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _limit_headers(self, a: _Admission) -> dict[str, str]:
         """OpenAI's rate-limit headers for the window `a` left."""
         limit = a.limit
-        if limit is None:
+        if limit is None or not limit.counts:
             return {}
         reset = _duration(a.frees_at() - a.now)
         headers: dict[str, str] = {}

@@ -51,6 +51,8 @@ LEASE_S = 600.0
 ADAPTIVE_CEILING = 64
 """The adaptive concurrency limit is dropped once successes grow it this far."""
 REFUSED_STATUS = frozenset({429, 529})
+SPREAD_AFTER = frozenset({"paused", "remaining"})
+"""Waits whose end many waiters share: each asks again a little apart."""
 CHARS_PER_TOKEN = 4
 
 
@@ -177,6 +179,9 @@ class Held:
     endpoint: str
     holder: str
     taken: int
+    number: int = 0
+    """The request's number among the endpoint's: the provider's remaining count it brings
+    back does not yet count those sent after it."""
     refused: bool = False
     status: int | None = None
     reset_s: float | None = None
@@ -188,9 +193,14 @@ class Held:
     given: bool = field(default=False, repr=False)
 
     def answered(self, response: httpx.Response) -> None:
+        """The answer's head arrived: what it says of the provider's limits counts at once."""
         self.status = response.status_code
         self.refused = response.status_code in REFUSED_STATUS
         self.reset_s, self.remaining = provider_limits(response.headers)
+        if self.refused or self.remaining is not None:
+            self.caller.store.model_answer(self.endpoint, refused=self.refused,
+                                           reset_s=self.reset_s, remaining=self.remaining,
+                                           number=self.number)
 
     def used(self, usage: Usage) -> None:
         self.usage = usage
@@ -209,13 +219,13 @@ class Held:
             self.endpoint, self.holder, taken=self.taken,
             used=self.usage.total_tokens if self.usage else None,
             tokens_per_minute=limits.tokens_per_minute if limits else None,
-            refused=self.refused, reset_s=self.reset_s, remaining=self.remaining,
+            answered=self.status is not None and self.status < 300,
             ceiling=(limits.max_concurrent if limits and limits.max_concurrent
                      else ADAPTIVE_CEILING))
 
 
 def _take(caller: Caller, config: ModelConfig, endpoint: str, holder: str,
-          tokens: int) -> tuple[bool, float | None, str]:
+          tokens: int) -> tuple[bool, float | None, str, int]:
     limits = config.limits
     declared = ((limits.requests_per_minute, limits.tokens_per_minute, limits.max_concurrent)
                 if limits else (None, None, None))
@@ -244,12 +254,11 @@ def slot(config: ModelConfig, body: dict[str, Any]) -> Iterator[Held | None]:
     started = time.monotonic()
     told = ""
     while True:
-        taken, wait_s, reason = _take(caller, config, endpoint, holder, tokens)
+        taken, wait_s, reason, number = _take(caller, config, endpoint, holder, tokens)
         if taken:
             break
-        if reason != told:  # the job hears of each new reason to wait once
-            if not told:
-                caller.store.count_model_wait(endpoint)
+        if not told:  # the job hears of a wait once, with its first reason
+            caller.store.count_model_wait(endpoint)
             caller.on_wait(endpoint, reason, wait_s)
             told = reason
         pause = POLL_S * random.uniform(0.5, 1.5) if wait_s is None else wait_s
@@ -261,12 +270,14 @@ def slot(config: ModelConfig, body: dict[str, Any]) -> Iterator[Held | None]:
         if caller.hold_s is not None and wait_s is not None and wait_s > caller.hold_s:
             caller.store.leave_model_line(endpoint, holder)  # a known wait: nobody else goes
             raise ModelBusy(endpoint, reason, wait_s)
-        # a little spread, so waiters told the same time do not all ask in the same instant
-        time.sleep(min(pause + random.uniform(0, POLL_S / 2), STALE_S / 2))
+        # after a pause, a little spread, so waiters told the same time do not all ask in the
+        # same instant; a rate's next slot is waited for exactly (its waiter is first in line)
+        spread = random.uniform(0, POLL_S / 2) if reason in SPREAD_AFTER else 0.0
+        time.sleep(min(pause + spread, STALE_S / 2))
     system = body.get("system")  # Anthropic's, beside the messages
     messages = ([{"content": system if isinstance(system, str) else json.dumps(system)}]
                 if system else []) + list(body.get("messages") or [])
-    held = Held(caller, config, endpoint, holder, tokens, messages=messages)
+    held = Held(caller, config, endpoint, holder, tokens, number=number, messages=messages)
     try:
         yield held
     finally:

@@ -179,7 +179,8 @@ class Store:
                                       "begin", "redrive", "approval_request", "approval_decide")}
         self._tool_scripts = {name: client.register_script(_lua(name, prelude=False))
                               for name in ("slot_take", "slot_give", "model_take",
-                                           "model_give", "tenant_lane", "tenant_admit")}
+                                           "model_give", "model_answer", "tenant_lane",
+                                           "tenant_admit")}
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -466,29 +467,40 @@ class Store:
     # -- model endpoints' shared limits (llm/limits.py) ----------------------------------------
     def take_model_slot(self, endpoint: str, holder: str, tenant: str, *, lease_s: float,
                         limits: Sequence[float | None], tokens: int,
-                        stale_s: float) -> tuple[bool, float | None, str]:
+                        stale_s: float) -> tuple[bool, float | None, str, int]:
         """Take a request slot of `endpoint` for `holder`, or stand in line for one. `limits`:
         requests per minute, tokens per minute, max concurrent (None: not declared). Returns
-        (taken, seconds to wait or None if unknown, why it must wait)."""
+        (taken, seconds to wait or None if unknown, why it must wait, the request's number
+        among the endpoint's: 0 if not taken)."""
         now = time.time()
         out = self._tool_scripts["model_take"](keys=list(model_keys(endpoint)), args=[
             holder, tenant, repr(now), repr(now + lease_s),
             *("" if limit is None else limit for limit in limits), tokens, stale_s])
         if int(out[0]) == 1:
-            return True, None, ""
+            return True, None, "", int(out[2])
         wait_ms = int(out[1])
-        return False, (None if wait_ms < 0 else wait_ms / 1000), str(out[2])
+        return False, (None if wait_ms < 0 else wait_ms / 1000), str(out[2]), 0
 
     def give_model_slot(self, endpoint: str, holder: str, *, taken: int, used: int | None,
-                        tokens_per_minute: int | None, refused: bool, reset_s: float | None,
-                        remaining: int | None, ceiling: int) -> float:
-        """Give back `holder`'s slot of `endpoint`, with what the answer said (see
-        lua/model_give.lua); returns the seconds of the pause now in force (0: none)."""
+                        tokens_per_minute: int | None, answered: bool = False,
+                        ceiling: int = 64) -> None:
+        """Give back `holder`'s slot of `endpoint`, with the tokens its request was counted
+        for (`taken`) corrected to those it `used`; an `answered` request grows the adaptive
+        limit back towards `ceiling` (lua/model_give.lua)."""
+        self._tool_scripts["model_give"](keys=list(model_keys(endpoint)), args=[
+            holder, taken, "" if used is None else used,
+            "" if tokens_per_minute is None else tokens_per_minute, 1 if answered else 0,
+            ceiling])
+
+    def model_answer(self, endpoint: str, *, refused: bool, reset_s: float | None,
+                     remaining: int | None, number: int = 0) -> float:
+        """What an answer's head said about `endpoint`'s limits (lua/model_answer.lua): a
+        refusal's pause, the provider's remaining count; returns the seconds of the pause now
+        in force (0: none)."""
         def arg(value: float | None) -> str:
             return "" if value is None else repr(value)
-        out = self._tool_scripts["model_give"](keys=list(model_keys(endpoint)), args=[
-            holder, repr(time.time()), taken, arg(used), arg(tokens_per_minute),
-            1 if refused else 0, arg(reset_s), arg(remaining), ceiling])
+        out = self._tool_scripts["model_answer"](keys=list(model_keys(endpoint)), args=[
+            repr(time.time()), 1 if refused else 0, arg(reset_s), arg(remaining), number])
         return int(out) / 1000
 
     def leave_model_line(self, endpoint: str, holder: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import threading
 import uuid
+from typing import Any
 
 import httpx
 import pytest
@@ -33,15 +34,21 @@ def take(store: Store, holder: str, tenant: str = "acme", *, rpm: int | None = N
          tpm: int | None = None, concurrent: int | None = None,
          tokens: int = 10) -> tuple[bool, float | None, str]:
     return store.take_model_slot("ep", holder, tenant, lease_s=60, limits=(rpm, tpm, concurrent),
-                                 tokens=tokens, stale_s=10)
+                                 tokens=tokens, stale_s=10)[:3]
 
 
-def give(store: Store, holder: str, **answer: object) -> float:
-    fields: dict[str, object] = {"taken": 10, "used": None, "tokens_per_minute": None,
-                                 "refused": False, "reset_s": None, "remaining": None,
-                                 "ceiling": 64}
-    fields.update(answer)
-    return store.give_model_slot("ep", holder, **fields)  # type: ignore[arg-type]
+def give(store: Store, holder: str, **answer: Any) -> float:
+    """The answer's head (what it says of the limits, if anything), then the slot given back
+    with its tokens; returns the pause in force."""
+    slot = {k: answer.pop(k) for k in ("taken", "used", "tokens_per_minute", "ceiling")
+            if k in answer}
+    pause = 0.0
+    if answer:
+        pause = store.model_answer("ep", **{"refused": False, "reset_s": None,
+                                            "remaining": None, **answer})
+    store.give_model_slot("ep", holder, **{"taken": 10, "used": None, "tokens_per_minute": None,
+                                           "answered": not answer.get("refused"), **slot})
+    return pause
 
 
 def test_nothing_declared_takes_at_once(store: Store) -> None:
@@ -104,6 +111,29 @@ def test_the_providers_remaining_count_holds_requests_before_it_refuses(store: S
     assert take(store, "b")[0]  # the one that remains
     taken, wait_s, reason = take(store, "c")
     assert not taken and reason == "remaining" and wait_s is not None and wait_s > 29
+
+
+def test_a_remaining_count_leaves_out_the_requests_sent_after_it(store: Store) -> None:
+    """The provider said 3 remain when it answered request 1; requests 2 and 3 had been sent
+    meanwhile, so only one more may go before its reset."""
+    numbers = [store.take_model_slot("ep", h, "acme", lease_s=60, limits=(None, None, None),
+                                     tokens=1, stale_s=10)[3] for h in ("r1", "r2", "r3")]
+    assert numbers == [1, 2, 3]
+    give(store, "r1", reset_s=30, remaining=3, number=1)
+    assert take(store, "r4")[0]
+    assert take(store, "r5")[2] == "remaining"
+
+
+def test_once_the_providers_count_has_reset_one_request_finds_the_new_one(
+        store: Store) -> None:
+    """The provider's window reset since it said 1 remained: one request goes (a probe) and
+    the others wait for its answer, which brings the new count back."""
+    assert take(store, "a")[0]
+    give(store, "a", remaining=1, reset_s=0.0)  # its window has reset already
+    assert take(store, "probe")[0]
+    assert take(store, "other")[2] == "remaining"
+    give(store, "probe", remaining=5, reset_s=30)
+    assert take(store, "other")[0]
 
 
 def test_waiters_are_served_in_turn_by_tenant(store: Store) -> None:

@@ -188,7 +188,10 @@ def test_a_429_pauses_both_workers_requests_and_waiting_is_no_retry(
     every job completes (a 429 is waited out, not retried); each 429 pauses the endpoint in
     Redis, and turns on BOTH workers wait on that pause; /metrics counts the 429s."""
     model = unique("patient")
-    fake_llm.limit(model, RateLimit(requests_per_window=3, window_s=1.0, retry_after_s=1))
+    # a provider that says nothing of its limits until it refuses (only a 429's retry-after):
+    # the limiter learns them from the 429s alone
+    fake_llm.limit(model, RateLimit(requests_per_window=3, window_s=1.0, retry_after_s=1,
+                                    counts=False))
     fake_llm.script_default(model, steps())
     jobs = 8
     logs = run_jobs(stack, "patient", model, jobs)
