@@ -141,8 +141,9 @@ class StubBroker:
         return self._put(Message(CANVAS, [], _first_queue(signature), signature=signature,
                                  argsrepr=f"({signature!r})"))
 
-    def held(self) -> set[str]:
-        """The task ids of the messages queued here."""
+    def held(self, delivered_since: float = 0.0) -> set[str]:
+        """The task ids of the messages queued here (nothing is delivered and unacknowledged
+        in the stub)."""
         with self._lock:
             return {m.task_id for m in self.pending if m.task_id}
 

@@ -62,9 +62,10 @@ class Broker(Protocol):
         """Several `send_task` calls in a row (Celery's: through one producer)."""
         ...
 
-    def held(self) -> set[str] | None:
+    def held(self, delivered_since: float) -> set[str] | None:
         """The task ids of the messages the broker holds: queued, or delivered to a worker
-        that has not acknowledged them. None if it cannot tell."""
+        at or after `delivered_since` (time.time()) and not acknowledged yet (one delivered
+        before may be held by a worker that died). None if it cannot tell."""
         ...
 
 
@@ -101,10 +102,11 @@ class CeleryBroker:
     def revoke(self, task_ids: Sequence[str]) -> None:
         self.app.control.revoke(list(task_ids), terminate=True, signal="SIGTERM")
 
-    def held(self) -> set[str] | None:
-        """Read from kombu's Redis transport: every lane's list, and the `unacked` hash of
-        messages delivered to workers. None on another transport, or when the lanes hold too
-        many to read in one pass (`HOLDING_SCAN_MAX`)."""
+    def held(self, delivered_since: float) -> set[str] | None:
+        """Read from kombu's Redis transport: every lane's list, and its `unacked` hash of
+        messages delivered to workers, with their delivery times (`unacked_index`). None on
+        another transport, or when the lanes hold too many to read in one pass
+        (`HOLDING_SCAN_MAX`)."""
         with self.app.connection_for_read() as connection:
             if connection.transport.driver_type != "redis":
                 return None
@@ -120,8 +122,9 @@ class CeleryBroker:
             for queue, size in zip(queues, sizes, strict=True):
                 if size:
                     pipe.lrange(queue, 0, -1)
-            pipe.hvals(UNACKED_KEY)
-            *queued, delivered = pipe.execute()
+            pipe.zrangebyscore(UNACKED_INDEX_KEY, delivered_since, "+inf")
+            *queued, recent = pipe.execute()
+            delivered = client.hmget(UNACKED_KEY, recent) if recent else []
         held = {_message_id(raw) for listed in queued for raw in listed}
         for raw in delivered:
             with contextlib.suppress(ValueError, TypeError, IndexError, AttributeError):
@@ -134,6 +137,8 @@ HOLDING_SCAN_MAX = 50_000
 lost message is then sent again once the backlog is shorter)."""
 UNACKED_KEY = "unacked"
 """kombu's Redis hash of delivered, unacknowledged messages (its default `unacked_key`)."""
+UNACKED_INDEX_KEY = "unacked_index"
+"""kombu's sorted set of those messages' delivery tags, by delivery time."""
 
 
 def _message_id(raw: Any) -> str:

@@ -59,11 +59,12 @@ class Reconciler:
 
     def _in_broker(self, task_id: str) -> bool:
         """Whether the broker still holds the message of `task_id` (queued behind others, or
-        taken by a worker that has not acknowledged it): then it is not lost, only waiting.
+        taken within a grace period by a worker that has not acknowledged it): then it is not
+        lost, only waiting.
         Read once a pass, when the first queued message is due (`Broker.held`; a broker that
         cannot tell holds nothing, and the message is sent again)."""
-        if self._held is None:
-            self._held = dispatch.current_broker().held() or set()
+        if self._held is None:  # a worker that took one more than a grace ago may be dead
+            self._held = dispatch.current_broker().held(time.time() - self.grace) or set()
         return task_id in self._held
 
     def reconcile(self) -> int:

@@ -129,19 +129,23 @@ def test_sending_and_receiving_tasks_reuses_one_redis_client_per_channel(
 def test_the_broker_says_which_task_messages_it_holds(redis_url: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """What the reconciler asks before it calls a queued action's message lost: the messages
-    still in a lane's list (sent, nobody took them), and those a worker took and has not
-    acknowledged (kombu's unacked hash); a message acknowledged is held no more."""
+    still in a lane's list (sent, nobody took them), and those a worker took since a given
+    time and has not acknowledged (kombu's unacked hash and index); a message acknowledged,
+    or taken before that time (by a worker that may have died), is held no more."""
     monkeypatch.setattr(celery._state, "_task_join_will_block", False)  # not a worker
     app = create_app(Settings(redis_url=redis_url))
     sender = CeleryBroker(app)
     sender.send_task(ACTION_TASK, ["job1", "a", {}, True], queue="tool", task_id="job1:a")
     sender.send_task(ACTION_TASK, ["job2", "b", {}, True], queue="tool.3", task_id="job2:b")
     sender.send_task(ACTION_TASK, ["job3", "c", {}, True], queue="llm.15", task_id="job3:c")
-    assert sender.held() == {"job1:a", "job2:b", "job3:c"}
+    assert sender.held(time.time()) == {"job1:a", "job2:b", "job3:c"}
     with app.connection_for_read() as conn:
         channel = conn.default_channel
+        before = time.time()
         taken = channel.basic_get("tool.3", no_ack=False)  # delivered, not acknowledged
         assert taken is not None
-        assert sender.held() == {"job1:a", "job2:b", "job3:c"}
+        assert sender.held(before - 1) == {"job1:a", "job2:b", "job3:c"}
+        # delivered before the time asked about: its worker may have died since
+        assert sender.held(time.time() + 60) == {"job1:a", "job3:c"}
         channel.basic_ack(taken.delivery_tag)
-        assert sender.held() == {"job1:a", "job3:c"}
+        assert sender.held(before - 1) == {"job1:a", "job3:c"}
