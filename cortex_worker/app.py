@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import Celery
 from kombu import Exchange, Queue
 
-from cortex_worker.pools import NAMES, lanes
+from cortex_worker.pools import KOMBU_PRIORITY_SEP, NAMES, PRIORITIES, lanes
 from cortex_worker.settings import Settings, get_settings
 from cortex_worker.store.state import MAX_CONNECTIONS
 from cortex_worker.worker import kombu_fixes as broker
@@ -58,6 +58,8 @@ def create_app(settings: Settings | None = None) -> Celery:
             "unacked_restore_interval": max(1, min(10, settings.visibility_timeout_s // 2)),
             "unacked_restore_throttle": 1,
             "unacked_mutex_expire": restore_lock_expiry(settings.visibility_timeout_s),
+            "priority_steps": list(range(PRIORITIES)),  # a job's priority: its 0 first
+            "sep": KOMBU_PRIORITY_SEP,
         },
         result_backend_transport_options={"visibility_timeout": settings.visibility_timeout_s},
         worker_hijack_root_logger=False,

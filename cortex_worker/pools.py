@@ -47,6 +47,19 @@ def lanes(pool: str) -> tuple[str, ...]:
     return (pool, *(f"{pool}.{lane}" for lane in range(1, LANES)))
 
 
+PRIORITIES = 10
+"""A job's priority, 0 (the default, first) to 9: kombu's priority steps, a list per lane each."""
+KOMBU_PRIORITY_SEP = "\x06\x16"
+"""How kombu's Redis transport names a priority's list: `<queue><sep><priority>`."""
+
+
+def broker_lists(pool: str) -> list[str]:
+    """The Redis lists kombu's Redis transport keeps a pool's queued messages in: each lane's,
+    one per priority (priority 0's, the default's, has the lane's own name)."""
+    return [lane if pri == 0 else f"{lane}{KOMBU_PRIORITY_SEP}{pri}"
+            for lane in lanes(pool) for pri in range(PRIORITIES)]
+
+
 def lane_queue(pool: str, lane: int) -> str:
     """The queue of one lane of a pool."""
     return pool if lane == 0 else f"{pool}.{lane}"

@@ -69,6 +69,7 @@ class Message:
     task_id: str | None = None
     countdown: float | None = None
     argsrepr: str | None = None
+    priority: int | None = None  # its job's (None: 0); the stub runs messages as sent
     signature: Any = None  # the canvas, for `apply_canvas`
     seq: int = 0  # the order it was sent in
     due: float = 0.0  # on the stub's clock
@@ -133,8 +134,9 @@ class StubBroker:
     # -- the Broker interface ----------------------------------------------------------------
     def send_task(self, name: str, args: Sequence[Any], *, queue: str,
                   task_id: str | None = None, countdown: float | None = None,
-                  argsrepr: str | None = None) -> StubResult:
-        message = Message(name, list(args), queue, task_id, countdown, argsrepr)
+                  argsrepr: str | None = None, priority: int | None = None) -> StubResult:
+        message = Message(name, list(args), queue, task_id, countdown, argsrepr,
+                          priority=priority)
         return StubResult(self, self._put(message))
 
     def apply_canvas(self, signature: Any) -> Message:

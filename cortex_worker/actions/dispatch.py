@@ -21,7 +21,7 @@ from cortex_worker.app import app
 from cortex_worker.handles import get_registry, get_store
 from cortex_worker.jobs import approvals
 from cortex_worker.plan.canvas import Step, to_canvas
-from cortex_worker.pools import NAMES, lanes
+from cortex_worker.pools import NAMES, broker_lists
 from cortex_worker.settings import get_settings
 
 #: Both dispatch paths run actions through this task: readiness sends (job id, action id,
@@ -44,8 +44,9 @@ class Broker(Protocol):
 
     def send_task(self, name: str, args: Sequence[Any], *, queue: str,
                   task_id: str | None = None, countdown: float | None = None,
-                  argsrepr: str | None = None) -> Any:
-        """Send one task message to `queue` (run it in `countdown` seconds, if given). Returns
+                  argsrepr: str | None = None, priority: int | None = None) -> Any:
+        """Send one task message to `queue` (run it in `countdown` seconds, if given; behind
+        the queue's messages of a lower `priority`, 0 or None first). Returns
         a handle of its result: `get(timeout=..., disable_sync_subtasks=...)` waits for the
         task's return value and `forget()` drops it (only `invoke` uses them)."""
         ...
@@ -90,9 +91,9 @@ class CeleryBroker:
 
     def send_task(self, name: str, args: Sequence[Any], *, queue: str,
                   task_id: str | None = None, countdown: float | None = None,
-                  argsrepr: str | None = None) -> Any:
+                  argsrepr: str | None = None, priority: int | None = None) -> Any:
         return self.app.send_task(name, args=list(args), queue=queue, task_id=task_id,
-                                  countdown=countdown, argsrepr=argsrepr,
+                                  countdown=countdown, argsrepr=argsrepr, priority=priority,
                                   ignore_result=name not in RESULT_TASKS,
                                   producer=getattr(self._local, "producer", None))
 
@@ -111,7 +112,7 @@ class CeleryBroker:
             if connection.transport.driver_type != "redis":
                 return None
             client = connection.default_channel.client
-            queues = [lane for pool in NAMES for lane in lanes(pool)]
+            queues = [name for pool in NAMES for name in broker_lists(pool)]
             pipe = client.pipeline(transaction=False)
             for queue in queues:
                 pipe.llen(queue)
@@ -180,14 +181,14 @@ def task_id(job_id: str, action_id: str) -> str:
     return f"{job_id}:{action_id}"
 
 
-def queue_of(job_id: str, spec: Mapping[str, Any]) -> str:
-    """The queue of an action: its pool (the action-type table's route), in the lane of its
-    job's tenant (`fairness`)."""
-    return fairness.queue(table.queue_of(get_registry(), spec), job_id)
+def route_of(job_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Where an action's message goes: its pool (the action-type table's route), in the lane
+    of its job's tenant, at its job's priority (`fairness.route`)."""
+    return fairness.route(table.queue_of(get_registry(), spec), job_id)
 
 
 def _options(job_id: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-    return {"queue": queue_of(job_id, spec), "task_id": task_id(job_id, spec["id"]),
+    return {**route_of(job_id, spec), "task_id": task_id(job_id, spec["id"]),
             "argsrepr": f"({job_id!r}, {spec['id']!r}, {spec['name']!r})"}
 
 
@@ -213,7 +214,7 @@ def send_canvas(job_id: str, step: Step, specs: Mapping[str, Mapping[str, Any]])
         # Celery would otherwise fill with a 36-character id per step that no Cortex result
         # backend reads.
         return app.signature(ACTION_TASK, args=[job_id, action_id], immutable=True,
-                             queue=queue_of(job_id, specs[action_id]),
+                             **route_of(job_id, specs[action_id]),
                              task_id=task_id(job_id, action_id),
                              reply_to="")
 
@@ -222,7 +223,7 @@ def send_canvas(job_id: str, step: Step, specs: Mapping[str, Mapping[str, Any]])
 
 def start_job(job_id: str, countdown: float | None = None) -> None:
     """Queue the start of a job on the agent pool (in `countdown` seconds, if given)."""
-    _sending.broker.send_task(START_TASK, [job_id], queue=fairness.queue("agent", job_id),
+    _sending.broker.send_task(START_TASK, [job_id], **fairness.route("agent", job_id),
                               task_id=f"{job_id}:start", countdown=countdown)
 
 
@@ -230,7 +231,7 @@ def agent_turn(job_id: str, countdown: float | None = None, *, start: bool = Fal
     """Queue an agent job's next turn on the agent pool (in `countdown` seconds, if given).
     `start`: it is the job's start, sent again (its message has the start's task id, which
     the reconciler looks for before it calls a start lost)."""
-    _sending.broker.send_task(TURN_TASK, [job_id], queue=fairness.queue("agent", job_id),
+    _sending.broker.send_task(TURN_TASK, [job_id], **fairness.route("agent", job_id),
                               countdown=countdown, argsrepr=f"({job_id!r},)",
                               task_id=f"{job_id}:start" if start else None)
 
@@ -238,7 +239,7 @@ def agent_turn(job_id: str, countdown: float | None = None, *, start: bool = Fal
 def invoke(spec: Mapping[str, Any], *, timeout: float, job_id: str) -> Any:
     """Run one target on its pool outside any plan and wait for its value (context feeds)."""
     result = _sending.broker.send_task(INVOKE_TASK, [job_id, dict(spec), timeout],
-                                       queue=queue_of(job_id, spec),
+                                       **route_of(job_id, spec),
                                        argsrepr=f"({job_id!r}, {spec['id']!r}, {spec['name']!r})")
     try:
         outcome = result.get(timeout=timeout + 5, disable_sync_subtasks=False)
@@ -252,14 +253,14 @@ def invoke(spec: Mapping[str, Any], *, timeout: float, job_id: str) -> Any:
 def deferred_timeout(job_id: str, action_id: str, countdown: float) -> None:
     """Check, once the timeout has passed, that a deferred (child-job) action has ended."""
     _sending.broker.send_task(DEFERRED_TASK, [job_id, action_id],
-                              queue=fairness.queue("agent", job_id), countdown=countdown,
+                              **fairness.route("agent", job_id), countdown=countdown,
                               argsrepr=f"({job_id!r}, {action_id!r})")
 
 
 def refresh_feed(job_id: str, feed_id: str, generation: int, countdown: float) -> None:
     """Schedule a periodic feed's next refresh on the agent pool."""
     _sending.broker.send_task(FEED_TASK, [job_id, feed_id, generation],
-                              queue=fairness.queue("agent", job_id), countdown=countdown,
+                              **fairness.route("agent", job_id), countdown=countdown,
                               argsrepr=f"({job_id!r}, {feed_id!r})")
 
 

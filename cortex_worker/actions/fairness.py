@@ -8,14 +8,20 @@ transport takes from them in turn (it moves the lane it just took from to the en
 `BRPOP`), so with several tenants waiting each gets every n-th free slot, and a tenant alone
 gets the whole pool. A redelivered message, a canvas step and a retried task stay in their
 lane: its name is the message's routing key.
+
+Within a lane, a job's `priority` orders the tenant's own work: its messages carry it (kombu's
+priority: 0, the default, first), and a worker takes each lane's priorities in order, lane by
+lane (`worker/kombu_fixes.py`), so a priority never puts one tenant before another.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Any
 
 from cortex_worker.handles import get_store
+from cortex_worker.jobs.options import JobOptions
 from cortex_worker.jobs.record import DEFAULT_TENANT, JobRecord
 from cortex_worker.pools import LANES, lane_queue
 
@@ -24,12 +30,12 @@ JOBS_REMEMBERED = 65536
 
 
 class _Lanes:
-    """This process's memory of each tenant's lane and each job's lane. Never wrong, only
-    late: a lane given in another Redis (a test's) is still a lane every worker consumes."""
+    """This process's memory of each tenant's lane and each job's lane and priority. Never
+    wrong, only late: a lane given in another Redis (a test's) is still one workers consume."""
 
     def __init__(self) -> None:
         self.tenants: dict[str, int] = {DEFAULT_TENANT: 0}
-        self.jobs: OrderedDict[str, int] = OrderedDict()
+        self.jobs: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self.lock = threading.Lock()
 
     def of_tenant(self, tenant: str) -> int:
@@ -39,25 +45,28 @@ class _Lanes:
             self.tenants[tenant] = lane
         return lane
 
-    def of_job(self, job_id: str) -> int:
+    def of_job(self, job_id: str) -> tuple[int, int]:
+        """(its tenant's lane, its priority)."""
         with self.lock:
-            lane = self.jobs.get(job_id)
-            if lane is not None:
+            known = self.jobs.get(job_id)
+            if known is not None:
                 self.jobs.move_to_end(job_id)
-                return lane
-        record = get_store().peek(job_id, "tenant") or JobRecord(id=job_id)
-        lane = self.of_tenant(record.tenant)
+                return known
+        record = get_store().peek(job_id, "tenant", "options") or JobRecord(id=job_id)
+        known = (self.of_tenant(record.tenant), (record.options or JobOptions()).priority)
         with self.lock:
-            self.jobs[job_id] = lane
+            self.jobs[job_id] = known
             while len(self.jobs) > JOBS_REMEMBERED:
                 self.jobs.popitem(last=False)
-        return lane
+        return known
 
 
 _lanes = _Lanes()
 
 
-def queue(pool: str, job_id: str) -> str:
-    """The queue of `pool` that `job_id`'s messages go to: its tenant's lane."""
-    return lane_queue(pool, _lanes.of_job(job_id))
+def route(pool: str, job_id: str) -> dict[str, Any]:
+    """Where `job_id`'s messages to `pool` go: its tenant's lane (`queue`), at its priority
+    (`priority`; None for the default, 0, which kombu gives a message that has none)."""
+    lane, priority = _lanes.of_job(job_id)
+    return {"queue": lane_queue(pool, lane), "priority": priority or None}
 

@@ -25,7 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from cortex_worker.pools import NAMES, lanes
+from cortex_worker.pools import NAMES, broker_lists
 from cortex_worker.protocol.events import JOB_LIVE, JobStatus
 from cortex_worker.store.keys import (
     JOBS_INDEX,
@@ -158,14 +158,16 @@ class CortexCollector(Collector):
         if self.broker is not None:
             pipe = self.broker.pipeline(transaction=False)
             for queue in self.queues:
-                for lane in lanes(queue):
-                    pipe.llen(lane)
+                for name in broker_lists(queue):
+                    pipe.llen(name)
             lengths = iter(pipe.execute())
             family = GaugeMetricFamily("cortex_queue_length",
                                        "Tasks waiting in each pool's Celery queue (the broker's "
-                                       "lists of its lanes, summed).", labels=["queue"])
+                                       "lists of its lanes and priorities, summed).",
+                                       labels=["queue"])
             for queue in self.queues:
-                family.add_metric([queue], sum(int(next(lengths)) for _ in lanes(queue)))
+                family.add_metric([queue], sum(int(next(lengths))
+                                               for _ in broker_lists(queue)))
             yield family
 
     def _models(self) -> Iterator[Metric]:

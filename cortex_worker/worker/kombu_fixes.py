@@ -15,6 +15,12 @@ again after the visibility timeout, so both are skipped instead: the worker live
 is lost. The late duplicate is harmless: Cortex runs an action and a turn once (`claim`,
 `resume`).
 
+A worker takes from its pool's lanes in turn, and within a lane by a job's priority: kombu's
+`BRPOP` lists every lane's first priority before any lane's next (one tenant's work would go
+before every other tenant's); it lists each lane's priorities together instead, the lanes in
+the order of its round-robin cycle (`actions/fairness.py`: a priority orders a tenant's own
+work).
+
 One cost is removed too: the channel built a new redis-py client for every command it sent
 outside its event loop (each task sent, each task received, each event published), about
 0.2 ms of CPU on a hop's path apiece. The channel now keeps one (a client is safe to share
@@ -27,6 +33,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
+from time import monotonic
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
@@ -38,6 +45,23 @@ log = logging.getLogger(__name__)
 def _torn_down(qos: Any) -> bool:
     """The channel's broker connection is gone (closed after a connection loss)."""
     return getattr(qos.channel.connection, "client", None) is None
+
+
+def _brpop_lane_by_lane(self: Any, timeout: float | None = None) -> None:
+    """kombu's `Channel._brpop_start` with its keys lane-major: each queue's priority lists
+    together, the queues in the order of its round-robin cycle."""
+    if timeout is None:
+        timeout = self.brpop_timeout
+    queues = self._queue_cycle.consume(len(self.active_queues))
+    if not queues:
+        return
+    keys = [self._q_for_pri(queue, pri) for queue in queues for pri in self.priority_steps]
+    self._in_poll = self.client.connection
+    self._brpop_sent_at = monotonic()
+    command_args = ["BRPOP", *keys, timeout or 0]
+    if self.global_keyprefix:
+        command_args = self.client._prefix_args(command_args)
+    self.client.connection.send_command(*command_args)
 
 
 @cache
@@ -84,3 +108,4 @@ def install() -> None:
     kombu_redis.QoS.ack = safe_ack
     kombu_redis.QoS.reject = safe_reject
     kombu_redis.Channel.conn_or_acquire = shared_client
+    kombu_redis.Channel._brpop_start = _brpop_lane_by_lane

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from cortex_api.client import Client
+from cortex_api.client import Client, JobOptions
 from cortex_worker.pools import LANES, lanes
 from cortex_worker.protocol.events import Event
 from cortex_worker.store.keys import TENANT_LANES
@@ -87,11 +87,15 @@ def of(events: list[Event], kind: str) -> list[Event]:
     return [e for e in events if e.type == kind]
 
 
-def submit_all(stack: Stack, tenant: str, protocol: str, count: int, threads: int = 1) -> list[str]:
-    """Submit `count` copies of `protocol` as `tenant`, from `threads` clients at once."""
+def submit_all(stack: Stack, tenant: str, protocol: str, count: int, threads: int = 1,
+               priority: int = 0) -> list[str]:
+    """Submit `count` copies of `protocol` as `tenant` (at `priority`), from `threads` clients
+    at once."""
+    options = JobOptions(priority=priority)
+
     def batch(n: int) -> list[str]:
         with stack.client(tenant) as client:
-            return [client.submit_document(protocol).id for _ in range(n)]
+            return [client.submit_document(protocol, options=options).id for _ in range(n)]
 
     sizes = [count // threads + (i < count % threads) for i in range(threads)]
     with ThreadPoolExecutor(threads) as pool:
@@ -148,6 +152,29 @@ def test_a_light_tenant_is_not_stuck_behind_another_tenants_flood(stack: Stack) 
     assert len(behind) > 40, f"only {len(behind)} of acme's {FLOOD} jobs ended after globex's"
     # the tool pool stayed full all along: fairness costs no slot
     assert most_at_once(list(logs.values())) == TOOL_SLOTS
+
+
+def test_a_tenants_urgent_jobs_go_before_its_background_ones(
+        stack: Stack) -> None:
+    """acme queues 30 background jobs (priority 9), then 2 urgent ones (the default, 0): the
+    urgent ones go next, before its queued background work. (That a priority orders only its
+    tenant's own lane is the worker's lane-by-lane BRPOP: tests/unit/test_kombu_fixes.py.)"""
+    background = submit_all(stack, "acme", sleeper(SLEEP_S), 30, threads=3, priority=9)
+    urgent = submit_all(stack, "acme", sleeper(SLEEP_S), 2)
+    logs = {job: follow(stack, "acme", job) for job in background + urgent}
+    assert all(events[-1].type == "job_completed" for events in logs.values())
+
+    def started(events: list[Event]) -> float:
+        return of(events, "action_started")[0].ts
+
+    urgent_queued = min(of(logs[job], "job_queued")[0].ts for job in urgent)
+    urgent_started = max(started(logs[job]) for job in urgent)
+    waiting = [job for job in background if started(logs[job]) > urgent_queued]
+    assert len(waiting) >= 15, f"only {len(waiting)} background jobs were still queued"
+    overtook = [job for job in waiting if started(logs[job]) < urgent_started]
+    assert len(overtook) <= 2 * TOOL_SLOTS, (
+        f"{len(overtook)} of acme's {len(waiting)} queued background jobs started before its "
+        "urgent ones")
 
 
 def test_a_tenant_alone_gets_the_whole_pool(stack: Stack) -> None:

@@ -104,7 +104,8 @@ def test_plan_with_errors_does_not_compile():
 
 def test_canvas_steps_are_action_tasks_with_only_the_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[Any] = []
-    monkeypatch.setattr(dispatch, "queue_of", lambda job_id, spec: spec["queue"])
+    monkeypatch.setattr(dispatch, "route_of",
+                        lambda job_id, spec: {"queue": spec["queue"], "priority": None})
     monkeypatch.setattr(dispatch.current_broker(), "apply_canvas", sent.append)
     step = decompose(plan("abc", {"b": "a", "c": "b"}))
     dispatch.send_canvas("j1", step, {i: {"queue": q} for i, q in zip("abc", ["tool", "agent", "tool"], strict=True)})
@@ -114,7 +115,7 @@ def test_canvas_steps_are_action_tasks_with_only_the_ids(monkeypatch: pytest.Mon
     assert [list(s.args) for s in steps] == [["j1", "a"], ["j1", "b"], ["j1", "c"]]
     assert all(s.immutable and not s.kwargs for s in steps)
     assert [s.options for s in steps] == [
-        {"queue": q, "task_id": f"j1:{i}", "reply_to": ""}
+        {"queue": q, "priority": None, "task_id": f"j1:{i}", "reply_to": ""}
         for i, q in zip("abc", ["tool", "agent", "tool"], strict=True)]
 
 
