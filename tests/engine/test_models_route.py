@@ -64,16 +64,16 @@ def registry(tmp_path: Path) -> Registry:
 
 
 def _take(store: Store, endpoint: str, holder: str) -> bool:
-    taken, _, _ = store.take_model_slot(endpoint, holder, "acme", lease_s=60,
-                                        limits=(None, None, 8), tokens=10, stale_s=10)
+    taken, *_ = store.take_model_slot(endpoint, holder, "acme", lease_s=60,
+                                      limits=(None, None, 8), tokens=10, stale_s=10)
     return taken
 
 
 def test_models_lists_named_and_limited_inline_endpoints_with_their_use(
         store: Store, registry: Registry) -> None:
     assert _take(store, "fast-gpt", "j1:a") and _take(store, "fast-gpt", "j2:b")
-    store.give_model_slot("fast-gpt", "j1:a", taken=10, used=12, tokens_per_minute=None,
-                          refused=True, reset_s=30, remaining=None, ceiling=8)
+    store.model_answer("fast-gpt", refused=True, reset_s=30, remaining=None)
+    store.give_model_slot("fast-gpt", "j1:a", taken=10, used=12, tokens_per_minute=None)
     assert not _take(store, "fast-gpt", "j3:c")  # paused by the 429: it waits in line
     store.count_model_wait("fast-gpt")
 

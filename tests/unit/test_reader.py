@@ -357,25 +357,32 @@ def test_pieces_reach_take_once_in_order_and_one_at_a_time_across_the_hand_over(
         serve: Callable[[Answer], RawServer], client: httpx.Client) -> None:
     """While the caller's thread deals with a handed-over value, the reader queues the later
     pieces and the caller's thread takes them itself, then gives `take` back to the reader
-    once caught up; bursts of pieces and pauses make both happen."""
+    once caught up. Bursts of pieces make the first happen (a burst arrives at once, a value
+    is handed over in it, and the caller is busy with it while the rest waits); the server
+    sends each burst only once every piece before it was taken, so the caller has caught up
+    and the burst's first piece goes to the reader: the second happens too, on any machine."""
     texts = [f"p{i:03d} " for i in range(90)]
+    take = OneAtATime()
 
     def answer(server: RawServer, conn: socket.socket, n: int) -> bool:
         conn.sendall(HEAD)
         at, burst = 0, 1
         while at < len(texts):
-            time.sleep(0.002 * burst)
+            deadline = time.monotonic() + 30  # a backstop: the client stopped taking
+            while (len(take.texts) < at or len(done) < at // 3) and time.monotonic() < deadline:
+                time.sleep(0.001)  # until every piece was taken and every value dealt with
+            time.sleep(0.002)  # the caller's thread, caught up, waits for the next piece
             conn.sendall(b"".join(chunk(text_event(t)) for t in texts[at:at + burst]))
             at, burst = at + burst, burst % 7 + 1
         conn.sendall(chunk(FINISH) + chunk(DONE) + LAST)
         return True
 
     server = serve(answer)
-    take = OneAtATime()
-    handed = []
+    handed, done = [], []
     for value in gateway.stream_chat(server.config(), MESSAGES, client=client, take=take):
         handed.append(value)
         time.sleep(0.005)  # the caller's thread is busy: the reader holds what comes meanwhile
+        done.append(value)
     assert take.overlaps == 0
     assert take.texts == texts
     assert handed == texts[2::3]
