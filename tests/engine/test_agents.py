@@ -76,13 +76,16 @@ def test_an_agent_runs_an_action_then_answers(store: Store, broker: StubBroker,
 def test_a_jobs_turns_reach_the_model_over_one_connection(
         store: Store, broker: StubBroker, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each turn's stream is read to its end, so the next turn's request reuses the kept-alive
-    connection instead of opening one (against a real provider, also a TLS handshake)."""
+    connection instead of opening one (against a real provider, also a TLS handshake). The
+    actions are async: a sync action stops the generation and closes its stream, which keeps
+    the connection only if the rest of the answer happened to have arrived already (a model
+    writes on after the action); a run with a CPU hog saw two connections then."""
     model = f"engine-{uuid.uuid4().hex[:8]}"
     with FakeLLM() as server:
         monkeypatch.setenv("CORTEX_TEST_LLM_URL", server.url)
         server.script(model, [
-            turn(act("a", "calculator", {"expression": "1 + 2"})),
-            turn(act("b", "calculator", {"expression": "$a * 2"})),
+            turn(act("a", "calculator", {"expression": "1 + 2"}, mode="async")),
+            turn(act("b", "calculator", {"expression": "$a * 2"}, mode="async")),
             turn(final("It is $b."))])
         job_id = jobs.submit_agent(store, "tester", "Go.", options=JobOptions(model=model))
         broker.join()
