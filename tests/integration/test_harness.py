@@ -140,7 +140,11 @@ def test_session_redis_fixture(redis_server: harness.RedisServer, cortex_env: di
     assert Path(cortex_env["CORTEX_WORKSPACE_ROOT"]).is_dir()
     assert cortex_env["CORTEX_MANIFESTS"].endswith(os.path.join("tests", "manifests"))
     assert "CORTEX_BROKER_URL" not in cortex_env
-    assert clean_redis.dbsize() == 0
+    # empty, but for what the session's live workers write at any moment (their heartbeats,
+    # the reconciler's lock, kombu's own keys): a run with a CPU hog saw two such keys
+    # written between the flush and the look
+    live = ("cx:alive:", "cx:reconciler", "_kombu.", "unacked")
+    assert [k for k in clean_redis.keys("*") if not k.startswith(live)] == []
     clean_redis.set("k", "v")
     assert clean_redis.get("k") == "v"
 
