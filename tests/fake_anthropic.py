@@ -209,16 +209,7 @@ class _MessagesHandler(_Handler):
             fake._outcome(model, index, "invalid")
             self._error(400, problem)
             return
-        admission = fake._admit(model, body, headers, lambda: self._token_cost(body))
-        if admission.slot is None:
-            self._rate_limited(model, admission)
-            return
-        self._rate_headers = self._limit_headers(admission)
-        self._admitted = (model, admission.slot)
-        try:
-            self._answer(model, body, headers)
-        finally:
-            self._finished()
+        self._admit_and_answer(model, body, headers)
 
     def _answer(self, model: str, body: dict[str, Any], headers: dict[str, str]) -> None:
         fake = self.fake

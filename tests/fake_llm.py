@@ -613,8 +613,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, "FakeLLM: the request body must be JSON with a 'model'")
             return
         headers = {k.lower(): v for k, v in self.headers.items()}
-        fake = self.fake
-        admission = fake._admit(model, body, headers, lambda: self._token_cost(body))
+        self._admit_and_answer(model, body, headers)
+
+    def _admit_and_answer(self, model: str, body: dict[str, Any],
+                          headers: dict[str, str]) -> None:
+        """Answer the request if the model's rate limit admits it (a 429 otherwise), with the
+        limit's headers; its slot is given back as its answer ends. Both fakes' handlers."""
+        admission = self.fake._admit(model, body, headers, lambda: self._token_cost(body))
         if admission.slot is None:
             self._rate_limited(model, admission)
             return
