@@ -37,3 +37,5 @@ class Call:
     params: Any
     timeout: float
     settings: Settings
+    attempt: int = 1  # this run's attempt (claim's fencing number); every attempt shares
+    #                   the action's idempotency key (`job_id:action_id`)

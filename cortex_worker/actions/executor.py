@@ -156,7 +156,7 @@ def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, An
             for u in unresolved])
     started = time.time()
     with tracing.action_span(job_id, spec, attempt) as span:
-        status, value, error = _run(job_id, action_id, spec, params, timeout)
+        status, value, error = _run(job_id, action_id, spec, params, timeout, attempt)
         tracing.outcome(span, status, error)
     finished = time.time()
     if status == "deferred":  # a child job will record the outcome, unless time runs out
@@ -175,12 +175,13 @@ def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, An
 
 
 def _run(job_id: str, action_id: str, spec: Mapping[str, Any], params: Any,
-         timeout: float) -> tuple[str, Any, str | None]:
+         timeout: float, attempt: int = 1) -> tuple[str, Any, str | None]:
     """Run the action's target; returns (status, value, error) and never raises."""
     try:
         if spec["type"] not in ACTION_TYPES:
             raise ToolError(f"{spec['type']} actions cannot run in this version")
-        value = runner_of(spec["type"])(Call(job_id, action_id, spec, params, timeout, get_settings()))
+        value = runner_of(spec["type"])(Call(job_id, action_id, spec, params, timeout,
+                                                get_settings(), attempt))
         return "ok", value, None
     except Deferred as deferred:  # the action goes on in a child job
         try:
