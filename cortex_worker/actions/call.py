@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from cortex_worker.settings import Settings
+if TYPE_CHECKING:  # kept light: tool code in the sandbox imports `idempotency_key` from here
+    from cortex_worker.settings import Settings
+
+
+def idempotency_key(job_id: str, action_id: str) -> str:
+    """The key every attempt of one action shares, so that a tool run again (at-least-once
+    delivery) can recognise a side effect it already made (docs/manifests.md, Idempotency)."""
+    return f"{job_id}:{action_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,4 +45,4 @@ class Call:
     timeout: float
     settings: Settings
     attempt: int = 1  # this run's attempt (claim's fencing number); every attempt shares
-    #                   the action's idempotency key (`job_id:action_id`)
+    #                   the action's `idempotency_key` (tools get both: `tools.attempt`)

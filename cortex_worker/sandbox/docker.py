@@ -11,7 +11,9 @@ Every container gets, unless its manifest says otherwise where it may (see docs/
   `limits.file_mb`, no core dumps;
 - `cap_drop=["ALL"]`, `no-new-privileges`, the uid:gid that owns the workspace (the user
   python and shell tools run as; files it writes there stay theirs), no TTY;
-- an environment made of the image's and the manifest's `env` only: nothing of the worker's;
+- an environment made of the image's, the manifest's `env` and the action's attempt
+  (`CORTEX_JOB_ID`, `CORTEX_ACTION_ID`, `CORTEX_ATTEMPT`, `CORTEX_IDEMPOTENCY_KEY`) only:
+  nothing of the worker's;
 - labels `cortex.job_id`, `cortex.action_id` and `cortex.tool` (`docker ps --filter
   label=cortex.job_id=<job>` finds a job's containers);
 - the "none" log driver: its output is read from an attach stream (capped per stream), never
@@ -264,7 +266,7 @@ def container_config(
         "command": list(argv) or None,  # none: the image's CMD
         "user": f"{workspace.st_uid}:{workspace.st_gid}",  # the workspace's owner, as for tools
         "working_dir": spec.workdir or WORKSPACE,
-        "environment": dict(spec.env),
+        "environment": {**spec.env, **ctx.identity.env()},  # the attempt, as for tools
         "labels": {LABEL_JOB: ctx.job_id, LABEL_ACTION: ctx.action_id, LABEL_TOOL: spec.name,
                    LABEL_WORKER: owner()},
         "tty": False,

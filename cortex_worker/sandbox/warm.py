@@ -294,9 +294,12 @@ def run_warm(
     env: Mapping[str, str] | None = None,
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     isolation: Isolation | None = None,
+    call_env: Mapping[str, str] | None = None,
 ) -> SandboxResult:
     """`run_sandboxed(argv, ...)` for the cold runner's command `argv`, forked from a warm
-    zygote; the cold runner only where no zygote can serve (see the module docstring)."""
+    zygote; the cold runner only where no zygote can serve (see the module docstring).
+    `call_env` is added to this call's environment only: the zygote, shared by the calls of
+    one `env`, does not have it (the action's attempt, which differs on every call)."""
     if list(argv[-3:-1]) != ["-m", RUNNER]:
         raise ValueError(f"not a runner command: {list(argv)}")
     cwd = checked_cwd(cwd, timeout)
@@ -304,7 +307,8 @@ def run_warm(
     started = time.monotonic()
     module = argv[-1].partition(":")[0]
     key: Key = ((*argv[:-2], module), tuple(sorted((env or {}).items())))
-    request = zygote.encode(zygote.Request(argv[-1], cwd, sandbox_env(cwd, env),
+    whole = {**(env or {}), **(call_env or {})}
+    request = zygote.encode(zygote.Request(argv[-1], cwd, sandbox_env(cwd, whole),
                                            rlimits(limits), isolation))
     for _ in range(2):  # a zygote found dead is replaced once
         server = _zygote_for(key, timeout)
@@ -324,7 +328,7 @@ def run_warm(
                     or server.calls >= RECYCLE_AFTER:
                 _retire(key, server)
         return result
-    return run_sandboxed(argv, stdin=stdin, cwd=cwd, timeout=timeout, limits=limits, env=env,
+    return run_sandboxed(argv, stdin=stdin, cwd=cwd, timeout=timeout, limits=limits, env=whole,
                          max_output_bytes=max_output_bytes, isolation=isolation,
                          finished=_answered)
 

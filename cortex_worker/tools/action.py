@@ -17,5 +17,5 @@ def run_tool_action(call: Call) -> Any:
         raise ToolError(f"no tool named {call.spec['name']!r} is registered")
     ctx = ToolContext(job_id=call.job_id, action_id=call.action_id,
                       workspace=workspace_for(call.settings, call.job_id), timeout=call.timeout,
-                      settings=call.settings)
+                      settings=call.settings, attempt=call.attempt)
     return run_tool(tool, call.params, ctx, module_paths=[call.settings.manifests])

@@ -1,5 +1,8 @@
 """What the built-in tools do: one `fn(params, ctx)` each, named by its spec's `entrypoint`.
 
+`ctx` (`ToolContext`) says which attempt of which action runs: `ctx.attempt`, and
+`ctx.idempotency_key`, the same on every attempt, for side effects that must happen once.
+
 Their specs are data in `cortex_worker.tools.spec.BUILTIN_TOOLS`; a worker imports this module
 when it first runs one (`cortex_worker.tools.runtime`), so loading manifests never does.
 """
@@ -66,6 +69,7 @@ def http_get(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         timeout=min(ctx.timeout, 60.0),
         headers=params.get("headers"),
         max_bytes=params.get("max_bytes", ctx.settings.max_output_bytes),
+        idempotency_key=ctx.idempotency_key,
     )
 
 

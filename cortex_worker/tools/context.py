@@ -1,4 +1,4 @@
-"""What a running tool knows about its action: ids, workspace, time budget, settings."""
+"""What a running tool knows about its action: ids, attempt, workspace, time budget, settings."""
 
 from __future__ import annotations
 
@@ -9,19 +9,32 @@ from pathlib import Path
 
 from cortex_worker.sandbox import isolation
 from cortex_worker.settings import Settings
+from cortex_worker.tools.attempt import Attempt
 
 JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
 @dataclass(frozen=True)
 class ToolContext:
-    """The action a tool runs for; `workspace` is the job's directory, `timeout` in seconds."""
+    """The action a tool runs for; `workspace` is the job's directory, `timeout` in seconds,
+    `attempt` this run's number (`tools.attempt`)."""
 
     job_id: str
     action_id: str
     workspace: Path
     timeout: float
     settings: Settings
+    attempt: int = 1
+
+    @property
+    def identity(self) -> Attempt:
+        """Which attempt of which action this is."""
+        return Attempt(self.job_id, self.action_id, self.attempt)
+
+    @property
+    def idempotency_key(self) -> str:
+        """The same on every attempt of the action (`Attempt.idempotency_key`)."""
+        return self.identity.idempotency_key
 
     @classmethod
     def for_job(
@@ -60,3 +73,4 @@ def tool_user(settings: Settings) -> tuple[int, int] | None:
     if settings.sandbox_isolation == "off" or isolation.unavailable_reason() is not None:
         return None
     return isolation.sandbox_user(settings.sandbox_user)
+

@@ -12,6 +12,15 @@ or a `kind: ToolModule` manifest; `discover` reads them into `ToolSpec`s (runtim
 entrypoint `module:function`), so they run in the same sandbox, with the same validation, as
 YAML tools, and are listed by `GET /v1/tools` and in agent prompts alike. In the sandbox the
 runner calls the `FunctionTool`, which validates the parameters into the annotated types.
+
+A function that must not repeat a side effect when its action runs again asks which attempt
+it is, as built-ins read their `ctx`:
+
+    from cortex_worker.tools.attempt import current
+
+    @tool
+    def charge(card: str, cents: int) -> str:
+        key = current().idempotency_key  # the same on every attempt; current().attempt counts
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ A host is allowed when it is in `settings.http_allow_hosts` (exact name, or `.ex
 / `*.example.com` for a domain and its subdomains), or when it is a loopback host
 (`localhost`, 127.0.0.0/8, ::1) that also resolves to loopback addresses only. Everything
 else is refused before any connection is made. Redirects are followed only on the same
-host (each hop is checked again); a redirect to another host is an error.
+host (each hop is checked again); a redirect to another host is an error. Every request
+carries the action's `Idempotency-Key` (the same on every attempt), unless the caller's
+headers set one.
 """
 
 from __future__ import annotations
@@ -88,9 +90,15 @@ def http_get(
     timeout: float,
     headers: Mapping[str, str] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    idempotency_key: str | None = None,
 ) -> dict[str, Any]:
-    """{"status", "url", "headers" (a subset), "text" (at most max_bytes), "truncated"}."""
+    """{"status", "url", "headers" (a subset), "text" (at most max_bytes), "truncated"}.
+
+    `idempotency_key` is sent as `Idempotency-Key` unless `headers` has one (in any case)."""
     allow = list(allow_hosts)
+    headers = dict(headers or {})
+    if idempotency_key is not None and not any(k.lower() == "idempotency-key" for k in headers):
+        headers["Idempotency-Key"] = idempotency_key
     try:
         current = httpx.URL(url)
     except (httpx.InvalidURL, TypeError) as exc:
@@ -99,7 +107,7 @@ def http_get(
     with httpx.Client(trust_env=False, follow_redirects=False, timeout=timeout) as client:
         for _ in range(MAX_REDIRECTS + 1):
             check_host(current, allow)
-            response = _fetch(client, current, headers or {}, max_bytes, deadline)
+            response = _fetch(client, current, headers, max_bytes, deadline)
             location = response["headers"].get("location")
             if not (300 <= response["status"] < 400 and location):
                 return response

@@ -15,6 +15,7 @@ from typing import Any
 import cortex_worker
 from cortex_worker.sandbox.warm import RUNNER
 from cortex_worker.tools import sandboxed
+from cortex_worker.tools.attempt import running
 from cortex_worker.tools.context import ToolContext
 from cortex_worker.tools.errors import ToolError
 from cortex_worker.tools.spec import ToolSpec, render_argv, validate_parameters
@@ -31,11 +32,19 @@ def run_tool(
     """The tool's result; raises ToolError (bad parameters, failure) or ToolTimeout.
 
     The time budget is `ctx.timeout`, capped by the tool's own `timeout` if it has one.
-    `module_paths` go first on PYTHONPATH of python tools (the manifests directory).
+    `module_paths` go first on PYTHONPATH of python tools (the manifests directory). While
+    it runs, `attempt.current()` answers the call's attempt (sandboxed tools: their environment).
     """
     validate_parameters(spec, params)
     if spec.timeout is not None and spec.timeout < ctx.timeout:
         ctx = dataclasses.replace(ctx, timeout=spec.timeout)
+    with running(ctx.identity):
+        return _dispatch(spec, params, ctx, module_paths)
+
+
+def _dispatch(
+    spec: ToolSpec, params: dict[str, Any], ctx: ToolContext, module_paths: Sequence[Path]
+) -> Any:
     if spec.runtime == "builtin":
         return _builtin(spec, params, ctx)
     if spec.runtime == "python":

@@ -94,13 +94,18 @@ def run(
 ) -> SandboxResult:
     """run_sandboxed in the workspace with the context's timeout; raises ToolTimeout/ToolError.
     Without `network` the process gets no network at all; `reads` are paths it must read.
-    `warm`: `argv` is the python runner's command, run from a warm runner (`run_warm`)."""
-    start = run_warm if warm else run_sandboxed
+    `warm`: `argv` is the python runner's command, run from a warm runner (`run_warm`).
+    The environment is `env` and the call's attempt (`ToolContext.identity.env()`)."""
+    isolated = isolation_for(ctx, network=network, reads=reads)
+    attempt = ctx.identity.env()
     try:
-        result = start(
-            argv, stdin=stdin, cwd=ctx.workspace, timeout=ctx.timeout, limits=limits, env=env,
-            isolation=isolation_for(ctx, network=network, reads=reads),
-        )
+        if warm:  # the attempt is the call's own: not part of the warm runner's environment
+            result = run_warm(argv, stdin=stdin, cwd=ctx.workspace, timeout=ctx.timeout,
+                              limits=limits, env=env, call_env=attempt, isolation=isolated)
+        else:
+            result = run_sandboxed(argv, stdin=stdin, cwd=ctx.workspace, timeout=ctx.timeout,
+                                   limits=limits, env={**(env or {}), **attempt},
+                                   isolation=isolated)
     except SandboxError as exc:
         raise ToolError(str(exc)) from None
     if result.timed_out:

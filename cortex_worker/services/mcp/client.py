@@ -11,6 +11,8 @@ call one; built on the official MCP SDK (`mcp`, asyncio) from threads.
 - `Connection`: one initialized session, held open by a task of the process's MCP event loop
   (one thread, started on first use); `call`, `ping` and `close` are called from any thread.
   A call's timeout and a cancelled action both reach the server as `notifications/cancelled`.
+  A call made for an action (`tools.attempt.current()`) carries its attempt in `_meta`
+  (`IDEMPOTENCY_KEY_META`, `ATTEMPT_META`), so a server can deduplicate a side effect.
 
 The process's lifecycle (first use, health, restart, idle stop) is `cortex_worker.services.mcp.manager`.
 """
@@ -45,6 +47,7 @@ from mcp.shared.message import SessionMessage
 from cortex_worker.services.mcp.spec import MCPServerSpec, command_argv, server_env, server_headers
 from cortex_worker.services.pool import STOP_GRACE_S, kill_group, unreaped
 from cortex_worker.services.relics.manager import RELIC_PATH
+from cortex_worker.tools.attempt import current
 from cortex_worker.tools.errors import ToolError, ToolTimeout
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,10 @@ CALL_GRACE_S = 2.0
 EXIT_GRACE_S = 1.0
 """After its stdin closes, how long a stdio server has to exit before SIGTERM."""
 LOG_TAIL_BYTES = 2000
+IDEMPOTENCY_KEY_META = "io.cortex/idempotency_key"
+"""`_meta` key of a tools/call: the action's key, the same on every attempt."""
+ATTEMPT_META = "io.cortex/attempt"
+"""`_meta` key of a tools/call: the action's attempt, 1 on its first run."""
 
 Cancelled = Callable[[], str | None]
 """Asked while a call waits: why the action no longer needs its result, or None."""
@@ -66,6 +73,17 @@ Cancelled = Callable[[], str | None]
 
 class ConnectionLost(ToolError):
     """The connection to the server closed (a stdio server that exited, mostly)."""
+
+
+def attempt_meta() -> types.RequestParamsMeta | None:
+    """The `_meta` of a tools/call made for an action's attempt (None outside one): read in
+    the calling thread, where `tools.runtime.run_tool` set it."""
+    try:
+        attempt = current()
+    except LookupError:
+        return None
+    return {IDEMPOTENCY_KEY_META: attempt.idempotency_key,
+            ATTEMPT_META: attempt.attempt}
 
 
 # ---------------------------------------------------------------- the event loop thread
@@ -333,7 +351,8 @@ class Connection:
             raise ConnectionLost(self.broken or "not connected")
         name = f"{self.spec.name}.{tool}"
         future = asyncio.run_coroutine_threadsafe(
-            session.call_tool(tool, dict(arguments), read_timeout_seconds=timeout), event_loop())
+            session.call_tool(tool, dict(arguments), read_timeout_seconds=timeout,
+                              meta=attempt_meta()), event_loop())
         limit = time.monotonic() + timeout + CALL_GRACE_S
         while True:
             try:
