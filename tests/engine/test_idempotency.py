@@ -1,11 +1,13 @@
 """Every tool call knows its attempt and the action's idempotency key (`<job_id>:<action_id>`,
 the same on every attempt): built-ins and `@tool` functions through `ctx` and
 `tools.attempt.current()`, python and shell tools through `CORTEX_*` environment variables,
-the http built-in as an `Idempotency-Key` header. In-process engine, real Redis, real
+the http built-in as an `Idempotency-Key` header; and the example tool that charges once per
+key (examples/idempotency/payments.py). In-process engine, real Redis, real
 sandboxed tool processes; the tools are declared in a manifests directory of the test's own."""
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,8 +20,10 @@ import pytest
 from cortex_worker import handles
 from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.sandbox import warm
+from cortex_worker.settings import get_settings
 from cortex_worker.store.state import Store
 from cortex_worker.testing import StubBroker
+from cortex_worker.tools.attempt import Attempt, running
 from tests.engine.helpers import action, events, of, one, status
 
 TOOLS = '''
@@ -146,3 +150,21 @@ def test_two_attempts_of_an_action_share_its_key(store: Store, broker: StubBroke
     assert one(log, "action_completed", "pay")["result"] == {"key": f"{job_id}:pay",
                                                              "attempt": 2}
     assert store.actions(job_id)["pay"]["attempts"] == 2
+
+
+def test_the_example_charges_once_per_action(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / "idempotency" / "payments.py"
+    loader = importlib.util.spec_from_file_location("payments_example", path)
+    assert loader is not None and loader.loader is not None
+    payments = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(payments)
+    monkeypatch.setattr(payments, "REDIS_URL", get_settings().redis_url)
+
+    def pay(action_id: str, attempt: int) -> dict[str, Any]:
+        with running(Attempt("job-1", action_id, attempt)):
+            return payments.charge(card="4242", cents=500)  # type: ignore[no-any-return]
+
+    first, again, other = pay("pay", 1), pay("pay", 2), pay("tip", 1)
+    assert first["charged"] and other["charged"]
+    assert not again["charged"] and again["attempt"] == 1  # the first attempt's charge
+    assert store.redis.hlen(payments.CHARGES) == 2
