@@ -22,10 +22,11 @@ from cortex_worker.llm.stream import ModelError
 from cortex_worker.observability import tracing
 from cortex_worker.protocol.events import EventType
 from cortex_worker.protocol.variables import find_references, substitute
+from cortex_worker.recovery import fencing
 from cortex_worker.recovery.liveness import is_dead
 from cortex_worker.recovery.owners import owner
 from cortex_worker.settings import get_settings
-from cortex_worker.store.state import Store, dumps
+from cortex_worker.store.state import Fenced, Store, dumps
 from cortex_worker.tools.errors import ToolError, ToolTimeout
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,8 @@ def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, An
             "message": f"{u.text} in action {action_id!r} was left as written: {u.reason}"})
             for u in unresolved])
     started = time.time()
-    with tracing.action_span(job_id, spec, attempt) as span:
+    with tracing.action_span(job_id, spec, attempt) as span, \
+            fencing.holding(job_id, action_id, attempt):
         status, value, error = _run(job_id, action_id, spec, params, timeout, attempt)
         tracing.outcome(span, status, error)
     finished = time.time()
@@ -164,14 +166,19 @@ def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, An
             dispatch.deferred_timeout(job_id, action_id, countdown=float(spec["timeout"]))
         return status
 
-    if status != "ok" and attempt <= int(spec.get("retry") or 0):
-        if store.retry(job_id, action_id, {"action_id": action_id, "attempt": attempt,
-                                           "status": status, "error": error}):
-            time.sleep(min(0.1 * 2 ** (attempt - 1), 5.0))
-            return execute(job_id, action_id, spec, trigger, again)
-        return "stop"
-    return _record(store, job_id, action_id, spec, trigger, status, value, error, attempt,
-                   started, finished)
+    try:
+        if status != "ok" and attempt <= int(spec.get("retry") or 0):
+            if store.retry(job_id, action_id, {"action_id": action_id, "attempt": attempt,
+                                               "status": status, "error": error},
+                           attempt=attempt, holder=owner()):
+                time.sleep(min(0.1 * 2 ** (attempt - 1), 5.0))
+                return execute(job_id, action_id, spec, trigger, again)
+            return "stop"
+        return _record(store, job_id, action_id, spec, trigger, status, value, error, attempt,
+                       started, finished, holder=owner())
+    except Fenced as exc:  # another attempt holds it now: this one's outcome is dropped
+        fencing.refused(exc)
+        return "stale"
 
 
 def _run(job_id: str, action_id: str, spec: Mapping[str, Any], params: Any,
@@ -211,16 +218,18 @@ def invoke(job_id: str, spec: dict[str, Any], timeout: float) -> dict[str, Any]:
 def record_outcome(store: Store, job_id: str, action_id: str, spec: Mapping[str, Any],
                    status: str, value: Any, error: str | None, *, trigger: bool = True,
                    attempt: int = 1, started: float | None = None,
-                   finished: float | None = None) -> str:
-    """Record an action's end (once), send what it made ready, and act on a drained job."""
+                   finished: float | None = None, fence: int | None = None) -> str:
+    """Record an action's end (once), send what it made ready, and act on a drained job.
+    `fence`: the recording turn's (Fenced if it is stale)."""
     now = time.time()
     return _record(store, job_id, action_id, spec, trigger, status, value, error, attempt,
-                   started or now, finished or now)
+                   started or now, finished or now, fence=fence)
 
 
 def _record(store: Store, job_id: str, action_id: str, spec: Mapping[str, Any], trigger: bool,
             status: str, value: Any, error: str | None, attempt: int, started: float,
-            finished: float) -> str:
+            finished: float, *, holder: str = "", fence: int | None = None) -> str:
+    """Record the outcome; with `holder`, only while `attempt` is current (fencing)."""
     limit = get_settings().max_output_bytes
     truncated = False
     if status == "ok":
@@ -242,7 +251,8 @@ def _record(store: Store, job_id: str, action_id: str, spec: Mapping[str, Any], 
         record["error"] = data["error"] = error
         var, event = {"error": error, "status": status}, EventType.action_failed
     result = store.finish(job_id, action_id, status, record, var, spec.get("output_key"),
-                          (event, data))
+                          (event, data), attempt=attempt if holder else None, holder=holder,
+                          fence=fence)
     if not result.recorded:
         return "duplicate"
     if status != "ok":

@@ -350,20 +350,21 @@ def finalize(store: Store, job: JobRecord) -> None:
 def end_job(store: Store, job_id: str, status: str, data: dict[str, Any],
             fields: dict[str, Any], *, events: Sequence[tuple[str, dict[str, Any]]] = (),
             only_if: str = "", result: Any = None, notify: bool = True,
-            job: JobRecord | None = None) -> bool:
+            job: JobRecord | None = None, fence: int | None = None) -> bool:
     """The one place a job ends, whatever its kind: log `events` and `job_<status>` (`data`),
     cancel what is unfinished (unless it completed), revoke what runs, cancel its children,
     and hand the outcome (`result`, or `data["error"]`) to the action that started it (unless
     `notify` is False: that action ends otherwise). False if it had already ended (or was
     not `only_if`). `job`: its record, if the caller has just read it (`close` checks its
-    status again)."""
+    status again). `fence`: the ending turn's; a turn taken over ends nothing (fencing)."""
     job = job or store.get_job(job_id)
-    if job is None or job.ended:
+    if job is None or job.ended or (fence is not None and job.turn_fence != fence):
         return False
     error = data.get("error") or data.get("reason")
     KINDS[job.kind].ending(store, job, status, result, error)
     kind = END_EVENTS.get(status, EventType.job_failed)
-    ended = store.close(job_id, status, fields, [*events, (kind, data)], only_if=only_if)
+    ended = store.close(job_id, status, fields, [*events, (kind, data)], only_if=only_if,
+                        fence=fence)
     if ended is None:
         return False
     dispatch.revoke(job_id, ended)

@@ -116,8 +116,13 @@ class CortexCollector(Collector):
             "their end, is due), by who took it: in_place (the coordinator's thread, at its "
             "turn's end or waiting for the actions) or queued (a turn task sent to the pool).",
             labels=["taken"])
+        stale = CounterMetricFamily(
+            "cortex_stale_writes", "Writes refused because their holder's lease was taken over "
+            "(a paused process that woke up; fencing), by what was written: events, register, "
+            "result, retry, turn_start, turn_end, turn_renew, turn_yield, job_end.",
+            labels=["write"])
         families = {"jobs_ended": (jobs_ended, 2), "actions_ended": (actions_ended, 3),
-                    "agent_drains": (drains, 2)}
+                    "agent_drains": (drains, 2), "stale_writes": (stale, 2)}
         for field, value in sorted(counters.items()):
             parts = field.split("|")
             family, size = families.get(parts[0], (None, 0))
@@ -126,6 +131,7 @@ class CortexCollector(Collector):
         yield jobs_ended
         yield actions_ended
         yield drains
+        yield stale
         yield _histogram_family(
             "cortex_action_dispatch_seconds",
             "Time from an action being queued to a worker claiming it, by action type.",

@@ -24,11 +24,15 @@ log = logging.getLogger(__name__)
 
 
 class Heartbeat:
-    """This process's heartbeat thread; `tick` runs after each beat (the reconciler's turn)."""
+    """This process's heartbeat thread; `watch` runs after each beat (the fencing check of the
+    attempts this process runs: right after a pause too), then `tick` once the heartbeats are
+    trusted (the reconciler's turn)."""
 
     def __init__(self, store: Store, every_s: float, ttl_s: float,
-                 tick: Callable[[], None] | None = None) -> None:
+                 tick: Callable[[], None] | None = None,
+                 watch: Callable[[], object] | None = None) -> None:
         self.store, self.every_s, self.ttl_s, self.tick = store, every_s, ttl_s, tick
+        self.watch = watch
         self.me = owner()
         self._beating_since: float | None = None
         self._stop = threading.Event()
@@ -60,6 +64,13 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             self.beat()
+            if self.watch is not None:
+                try:
+                    self.watch()
+                except RedisError as exc:
+                    log.warning("fencing check stopped: Redis: %s", exc)
+                except Exception:  # never let a bug stop the heartbeat
+                    log.exception("fencing check failed")
             if self.tick is not None and self.trusted:
                 try:
                     self.tick()

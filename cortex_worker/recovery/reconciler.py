@@ -33,6 +33,7 @@ from cortex_worker.jobs import approvals
 from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.jobs.kinds import KINDS
 from cortex_worker.jobs.record import JobRecord
+from cortex_worker.recovery import fencing
 from cortex_worker.recovery.liveness import Heartbeat, dead
 from cortex_worker.recovery.owners import CHILD_OWNER, owner
 from cortex_worker.settings import Settings
@@ -213,4 +214,5 @@ def heartbeat(store: Store, settings: Settings) -> Heartbeat:
         if store.try_lock(RECONCILER_LOCK, owner(), settings.reconcile_every_s):
             reconciler.reconcile()
 
-    return Heartbeat(store, settings.heartbeat_s, settings.liveness_ttl_s, tick)
+    return Heartbeat(store, settings.heartbeat_s, settings.liveness_ttl_s, tick,
+                     watch=lambda: fencing.check(store))

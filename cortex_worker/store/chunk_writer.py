@@ -5,7 +5,9 @@ A turn's thought and response chunks may wait up to `every_s` before they are lo
 (docs/performance.md): here one thread logs every turn's pending chunks in one Redis round
 trip (a pipeline of `emit` scripts). A turn that must log at once (before it registers an
 action, at a sync stop, at its end) calls `flush`, which writes its own pending events first:
-events of one job are always logged in the order they were added.
+events of one job are always logged in the order they were added. Each turn's events carry
+its fence (recovery/fencing.py): those of a turn taken over are refused by the store, and
+`on_stale` hears of it.
 """
 
 from __future__ import annotations
@@ -24,44 +26,50 @@ from cortex_worker.store.state import Store
 log = logging.getLogger(__name__)
 
 Events = list[tuple[str, dict[str, Any]]]
+Key = tuple[str, int | None]
+"""A job and the fence of the turn that writes (None: not fenced)."""
 
 
 class ChunkWriter:
-    """Pending chunk events per job, written by one daemon thread every `every_s`."""
+    """Pending chunk events per job's turn, written by one daemon thread every `every_s`."""
 
     def __init__(self, store: Store, every_s: float,
-                 prepare: Callable[[Events], Events] = list) -> None:
-        self.store, self.every_s, self.prepare = store, every_s, prepare
-        self._pending: dict[str, Events] = {}
+                 prepare: Callable[[Events], Events] = list,
+                 on_stale: Callable[[str, int | None], None] | None = None) -> None:
+        self.store, self.every_s, self.prepare, self.on_stale = store, every_s, prepare, on_stale
+        self._pending: dict[Key, Events] = {}
         self._lock = threading.Lock()  # guards _pending
         self._writing = threading.Lock()  # held while events are written: keeps each job's order
         self._thread: threading.Thread | None = None
 
-    def add(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    def add(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]],
+            fence: int | None = None) -> None:
         """Log these events within `every_s`, after the job's earlier ones."""
         if not events:
             return
         with self._lock:
-            self._pending.setdefault(job_id, []).extend(events)
+            self._pending.setdefault((job_id, fence), []).extend(events)
             if self._thread is None or not self._thread.is_alive():  # first use, or a fork
                 self._thread = threading.Thread(target=self._run, name="cortex-chunks",
                                                 daemon=True)
                 self._thread.start()
 
-    def flush(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
-        """Log the job's pending events, then `events`, now (not after the job has ended)."""
-        with self.taken(job_id, events) as batch:
+    def flush(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]] = (),
+              fence: int | None = None) -> None:
+        """Log the job's pending events, then `events`, now (not after the job has ended;
+        Fenced if the turn's `fence` is stale)."""
+        with self.taken(job_id, events, fence) as batch:
             if batch:
-                self.store.emit(job_id, batch, live=True)
+                self.store.emit(job_id, batch, live=True, fence=fence)
 
     @contextmanager
-    def taken(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]] = ()
-              ) -> Iterator[Events]:
-        """The job's pending events, then `events`, for the caller to log (as `flush` would)
+    def taken(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]] = (),
+              fence: int | None = None) -> Iterator[Events]:
+        """The turn's pending events, then `events`, for the caller to log (as `flush` would)
         before the block ends, together with what else it writes (a turn's end)."""
         with self._writing:
             with self._lock:
-                batch = [*self._pending.pop(job_id, []), *events]
+                batch = [*self._pending.pop((job_id, fence), []), *events]
             yield self.prepare(batch) if batch else []
 
     def _run(self) -> None:
@@ -73,13 +81,18 @@ class ChunkWriter:
                 if not batches:
                     continue
                 try:
-                    self.store.emit_many({job: self.prepare(events)
-                                          for job, events in batches.items()}, live=True)
+                    stale = self.store.emit_many({key: self.prepare(events)
+                                                  for key, events in batches.items()}, live=True)
                 except RedisError as exc:  # keep them, before anything added since
                     log.warning("text chunks of %d jobs not logged yet: Redis: %s",
                                 len(batches), exc)
                     with self._lock:
-                        for job, events in batches.items():
-                            self._pending[job] = [*events, *self._pending.get(job, [])]
+                        for key, events in batches.items():
+                            self._pending[key] = [*events, *self._pending.get(key, [])]
+                    continue
                 except Exception:  # never let a bug stop the writer
                     log.exception("text chunks of %d jobs could not be logged", len(batches))
+                    continue
+                for job, fence in stale:
+                    if self.on_stale is not None:
+                        self.on_stale(job, fence)

@@ -103,6 +103,20 @@ class Dispatch:
     recorded: bool = True  # False: nothing changed (already recorded, or the job has ended)
 
 
+class Fenced(CortexError):
+    """A write by a lease holder whose lease was taken over (a paused process that woke up):
+    the store refused it and changed nothing (recovery/fencing.py)."""
+
+    def __init__(self, write: str, job_id: str, holder: str) -> None:
+        super().__init__(f"{write} of job {job_id} refused: {holder} no longer holds it")
+        self.write, self.job_id, self.holder = write, job_id, holder
+
+
+def _fence(value: int | None) -> str:
+    """A fence as a script argument ('' : the write is not fenced)."""
+    return "" if value is None else str(value)
+
+
 class SessionBusy(CortexError):
     """A session message that cannot start a job: the session's last job (`job_id`) is still
     running, or another message started it after the caller read the session."""
@@ -175,7 +189,7 @@ class Store:
         self._scripts = {name: client.register_script(_lua(name))
                          for name in ("emit", "register", "claim", "finish", "retry", "close",
                                       "requeue", "resume", "turn_start", "turn_end", "turn_unwait",
-                                      "turn_yield",
+                                      "turn_yield", "turn_renew",
                                       "begin", "redrive", "approval_request", "approval_decide")}
         self._tool_scripts = {name: client.register_script(_lua(name, prelude=False))
                               for name in ("slot_take", "slot_give", "model_take",
@@ -231,7 +245,7 @@ class Store:
                                              job_id)
                     if events:  # by its digest: a script object would check it first, apart
                         pipe.evalsha(emit.sha, SCRIPT_KEYS, *job_keys(job_id)[:SCRIPT_KEYS],
-                                     job_id, repr(now), "0", *_event_args(events))
+                                     job_id, repr(now), "0", "", *_event_args(events))
                     pipe.execute()
                     logged = True
                     break
@@ -655,23 +669,35 @@ class Store:
 
     # -- events ---------------------------------------------------------------------------
     def emit(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]], *,
-             live: bool = False) -> int:
+             live: bool = False, fence: int | None = None) -> int:
         """Append events to the job's log; returns the last seq. `live`: only if the job has
-        not ended (0 is returned then): a turn's output never follows `job_cancelled`."""
+        not ended (0 is returned then): a turn's output never follows `job_cancelled`.
+        `fence`: the writing turn's; Fenced if it is stale."""
         args = _event_args(events)
-        return int(self._run("emit", job_id, "1" if live else "0", *args)) if args else 0
+        if not args:
+            return 0
+        seq = int(self._run("emit", job_id, "1" if live else "0", _fence(fence), *args))
+        if seq < 0:
+            raise Fenced("events", job_id, f"turn fence {fence}")
+        return seq
 
-    def emit_many(self, batches: Mapping[str, Sequence[tuple[str, dict[str, Any]]]], *,
-                  live: bool = False) -> None:
-        """`emit` for several jobs in one round trip (a pipeline; each job's events atomic)."""
+    def emit_many(self, batches: Mapping[tuple[str, int | None],
+                                         Sequence[tuple[str, dict[str, Any]]]], *,
+                  live: bool = False) -> list[tuple[str, int | None]]:
+        """`emit` for several jobs in one round trip (a pipeline; each job's events atomic),
+        keyed by (job id, the writing turn's fence); returns the keys whose fence was stale
+        (their events were not logged)."""
         pipe = self.redis.pipeline(transaction=False)
         now = repr(time.time())
-        for job_id, events in batches.items():
+        sent: list[tuple[str, int | None]] = []
+        for (job_id, fence), events in batches.items():
             args = _event_args(events)
             if args:
                 self._scripts["emit"](keys=job_keys(job_id)[:SCRIPT_KEYS], client=pipe,
-                                      args=[job_id, now, "1" if live else "0", *args])
-        pipe.execute()
+                                      args=[job_id, now, "1" if live else "0", _fence(fence),
+                                            *args])
+                sent.append((job_id, fence))
+        return [key for key, seq in zip(sent, pipe.execute(), strict=True) if int(seq) < 0]
 
     def events_after(self, job_id: str, after: int = 0, count: int | None = None) -> list[dict[str, Any]]:
         """Events with seq > `after`, in order."""
@@ -684,12 +710,17 @@ class Store:
         (it had begun: a redelivered start) or "ended" (cancelled before it began)."""
         return str(self._run("begin", job_id, *_event_args(events)))
 
-    def register(self, job_id: str, actions: Sequence[dict[str, Any]], *, close: bool) -> Dispatch:
+    def register(self, job_id: str, actions: Sequence[dict[str, Any]], *, close: bool,
+                 fence: int | None = None) -> Dispatch:
         """Add actions (`id, spec, deps, after, on_error`) to the job; return those ready now.
-        Nothing is registered once the job has ended (`recorded` is then False)."""
-        out = self._run("register", job_id, dumps(list(actions)), "1" if close else "0")
+        Nothing is registered once the job has ended (`recorded` is then False). `fence`:
+        the registering turn's; Fenced if it is stale."""
+        out = self._run("register", job_id, dumps(list(actions)), "1" if close else "0",
+                        _fence(fence))
         if out == ["ended"]:
             return Dispatch(ready=[], drained=False, recorded=False)
+        if out == ["stale"]:
+            raise Fenced("registration", job_id, f"turn fence {fence}")
         bar = out.index("|")
         return Dispatch(ready=[{"id": i} for i in out[:bar]], drained=bool(int(out[bar + 1])))
 
@@ -698,12 +729,38 @@ class Store:
         return self._run("claim", job_id, action_id, owner, repr(lease_s), "1" if force else "0", *names)
 
     def finish(self, job_id: str, action_id: str, status: str, record: dict[str, Any],
-               value: Any, output_key: str | None, event: tuple[str, dict[str, Any]]) -> Dispatch:
-        """Record an action's end once and walk its dependents."""
+               value: Any, output_key: str | None, event: tuple[str, dict[str, Any]], *,
+               attempt: int | None = None, holder: str = "", fence: int | None = None
+               ) -> Dispatch:
+        """Record an action's end once and walk its dependents. `attempt` (held by `holder`)
+        or the recording turn's `fence`: Fenced if it is no longer current."""
         out = self._run("finish", job_id, action_id, status, dumps(record), dumps(value),
-                        output_key or "", event[0], dumps(event[1]))
+                        output_key or "", event[0], dumps(event[1]), _fence(attempt), holder,
+                        _fence(fence))
+        if out == ["stale"]:
+            raise Fenced(f"result of action {action_id}", job_id,
+                         f"attempt {attempt}" if attempt is not None else f"turn fence {fence}")
         return Dispatch(ready=[json.loads(x) for x in out[2:]], drained=bool(int(out[1])),
                         recorded=bool(int(out[0])))
+
+    def current_attempts(self, actions: Sequence[tuple[str, str]], holder: str
+                         ) -> list[int | None]:
+        """For each (job id, action id), its current attempt if `holder` holds its lease and
+        its job has not failed or been cancelled (it may still run), else None: one round
+        trip (recovery/fencing.py checks the attempts a process runs)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id, action_id in actions:
+            keys = job_keys(job_id)
+            pipe.hget(keys.job, "status")
+            pipe.hget(keys.attempts, action_id)
+            pipe.hget(keys.lease, action_id)
+        out = pipe.execute()
+        current: list[int | None] = []
+        for status, attempt, lease in zip(out[::3], out[1::3], out[2::3], strict=True):
+            live = status not in (None, "failed", "cancelled")
+            held = lease is not None and lease.rpartition("|")[0] == holder
+            current.append(int(attempt) if live and held and attempt else None)
+        return current
 
     def queued_dependents(self, job_id: str, action_id: str) -> list[dict[str, Any]]:
         """Specs of dependents marked queued: to send again after a worker died mid-dispatch."""
@@ -740,17 +797,20 @@ class Store:
     def start_turn(self, job_id: str, *, closing: Sequence[tuple[str, dict[str, Any]]] = (),
                    fields: Mapping[str, Any] | None = None,
                    begin: Sequence[tuple[str, dict[str, Any]]] = (),
-                   action_ids: Sequence[str] | None = ()) -> TurnInputs:
+                   action_ids: Sequence[str] | None = (), fence: int | None = None) -> TurnInputs:
         """A turn's start in one round trip (lua/turn_start.lua): log `closing` (the last
         turn's end), set `fields` of the job record, log `begin` unless the job has ended, and
         read the results of `action_ids`, the feed changes and the conversation (nothing if
-        `action_ids` is None: the job ends instead of starting a turn)."""
+        `action_ids` is None: the job ends instead of starting a turn). Fenced if the turn's
+        `fence` is stale."""
         keys = job_keys(job_id)
         closing_args = _event_args(closing)
         out = self._run("turn_start", job_id, dumps(encode(dict(fields or {}))),
-                        dumps(None if action_ids is None else list(action_ids)),
+                        dumps(None if action_ids is None else list(action_ids)), _fence(fence),
                         str(len(closing_args)), *closing_args, *_event_args(begin),
                         extra_keys=(keys.conversation, keys.feeds))
+        if out == ["stale"]:
+            raise Fenced("turn start", job_id, f"turn fence {fence}")
         if action_ids is None:
             return TurnInputs(begun=int(out[0]) != 0, results={}, feed_changes={},
                               conversation=[])
@@ -758,27 +818,38 @@ class Store:
 
     def end_turn(self, job_id: str, messages: Sequence[dict[str, Any]], fields: Mapping[str, Any],
                  events: Sequence[tuple[str, dict[str, Any]]] = (), *, waiter: str = "",
-                 chunks: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
+                 chunks: Sequence[tuple[str, dict[str, Any]]] = (),
+                 fence: int | None = None) -> bool:
         """A turn's end in one round trip (lua/turn_end.lua): log the turn's last `chunks`
         (unless the job has ended), append `messages` to the conversation, log `events`, set
         `fields`, close the turn's plan; True if the job drained (its next turn is due now).
         If not, and `waiter` (host:pid) is given, its drain is published to that process
-        instead of being left to whoever drains it."""
+        instead of being left to whoever drains it. Fenced (nothing written) if the turn's
+        `fence` is stale."""
         chunk_args = _event_args(chunks)
-        out = self._run("turn_end", job_id, dumps(encode(dict(fields))), waiter, str(len(messages)),
-                        *[dumps(m) for m in messages], str(len(chunk_args)), *chunk_args,
-                        *_event_args(events), extra_keys=(job_keys(job_id).conversation,))
-        return bool(int(out))
+        out = int(self._run("turn_end", job_id, dumps(encode(dict(fields))), waiter,
+                            _fence(fence), str(len(messages)), *[dumps(m) for m in messages],
+                            str(len(chunk_args)), *chunk_args, *_event_args(events),
+                            extra_keys=(job_keys(job_id).conversation,)))
+        if out < 0:
+            raise Fenced("turn end", job_id, f"turn fence {fence}")
+        return bool(out)
 
     def unwait(self, job_id: str, waiter: str) -> bool:
         """`waiter` stops waiting in place for the job to drain (lua/turn_unwait.lua): True if
         the drain was handed to it already (it takes the next turn)."""
         return bool(int(self._run("turn_unwait", job_id, waiter)))
 
-    def yield_turn(self, job_id: str, owner: str) -> bool:
+    def yield_turn(self, job_id: str, owner: str, fence: int | None = None) -> bool:
         """`owner` hands the job's turn back before its stream opened (lua/turn_yield.lua):
-        True if it was its turn to hand back."""
-        return bool(int(self._run("turn_yield", job_id, owner)))
+        True if it was its turn (of `fence`) to hand back."""
+        return bool(int(self._run("turn_yield", job_id, owner, _fence(fence))))
+
+    def renew_turn(self, job_id: str, fence: int | None, lease_s: float) -> bool:
+        """Extend the turn's lease by `lease_s` from now; False if the job has ended or the
+        turn is no longer `fence`'s (lua/turn_renew.lua)."""
+        return bool(int(self._run("turn_renew", job_id, _fence(fence),
+                                  repr(time.time() + lease_s))))
 
     def results(self, job_id: str, action_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         """Result records of the given actions (those recorded)."""
@@ -805,14 +876,23 @@ class Store:
         pipe.delete(key)
         return int(pipe.execute()[0])
 
-    def retry(self, job_id: str, action_id: str, data: dict[str, Any]) -> bool:
-        return bool(self._run("retry", job_id, action_id, dumps(data)))
+    def retry(self, job_id: str, action_id: str, data: dict[str, Any], *,
+              attempt: int | None = None, holder: str = "") -> bool:
+        """Send the action again after `attempt` (held by `holder`) failed; False if it is not
+        to run again. Fenced if the attempt is no longer current."""
+        out = int(self._run("retry", job_id, action_id, dumps(data), _fence(attempt), holder))
+        if out < 0:
+            raise Fenced(f"retry of action {action_id}", job_id, f"attempt {attempt}")
+        return bool(out)
 
     def close(self, job_id: str, status: str, fields: dict[str, Any] | None = None,
-              events: Sequence[tuple[str, dict[str, Any]]] = (), *, only_if: str = "") -> list[str] | None:
+              events: Sequence[tuple[str, dict[str, Any]]] = (), *, only_if: str = "",
+              fence: int | None = None) -> list[str] | None:
         """End the job with `status`; unfinished actions are cancelled; the last event (its
-        end) carries the job's model usage, if it has any. None if it had ended."""
+        end) carries the job's model usage, if it has any. None if it had ended (or the
+        ending turn's `fence` is stale)."""
         args = _event_args(events)
-        out = self._run("close", job_id, status, dumps(encode(fields or {})), only_if, *args,
+        out = self._run("close", job_id, status, dumps(encode(fields or {})), only_if,
+                        _fence(fence), *args,
                         extra_keys=[job_keys(job_id).usage])
         return None if out is None else list(out)

@@ -183,10 +183,10 @@ def test_a_turn_the_store_failed_is_taken_over_once_its_lease_runs_out(
             raise redis.ConnectionError("Redis went away")
         return real_emit(job_id, batch, **kwargs)
 
-    def emit_many(batches: Any, **kwargs: Any) -> None:  # the chunk writer's thread
+    def emit_many(batches: Any, **kwargs: Any) -> list[Any]:  # the chunk writer's thread
         if not failures and any(thinking(batch) for batch in batches.values()):
             raise redis.ConnectionError("Redis went away")  # it keeps them for the turn
-        real_emit_many(batches, **kwargs)
+        return real_emit_many(batches, **kwargs)
 
     def end_turn(job_id: str, *args: Any, chunks: Any = (), **kwargs: Any) -> bool:
         if not failures and thinking(chunks):  # the turn's last chunks go with its end

@@ -68,6 +68,8 @@ SAMPLE_ARGUMENTS: dict[str, Any] = {
     "status": 500,
     "detail": {},
     "job_id": "0123abcd",
+    "write": "turn end",
+    "holder": "turn fence 3",
 }
 """A value for each required constructor argument of the error classes, by name."""
 

@@ -59,10 +59,11 @@ from cortex_worker.observability import tracing
 from cortex_worker.plan.stream import StreamPlanner
 from cortex_worker.protocol import parser as p
 from cortex_worker.protocol.events import EventType
+from cortex_worker.recovery import fencing
 from cortex_worker.recovery.liveness import is_dead
 from cortex_worker.recovery.owners import owner
 from cortex_worker.settings import get_settings
-from cortex_worker.store.state import Resumed, Store, TurnInputs, TurnStart, dumps
+from cortex_worker.store.state import Fenced, Resumed, Store, TurnInputs, TurnStart, dumps
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,9 @@ def run_turns(store: Store, job_id: str) -> None:
     A redelivered turn task (its coordinator was killed mid-turn) takes the turn over: it
     generates the turn again from the same prompt and planner state, skipping what the dead
     coordinator had already done (`turn_phase`), and never dispatching an action again that
-    was already registered (see `start_action`)."""
+    was already registered (see `start_action`). Every write of a turn carries its fence
+    (`turn_fence`): a coordinator that was paused and wakes up to find its turn taken over
+    writes nothing, and stops (`Fenced`)."""
     start: TurnStart | None = FIRST_TURN  # how the next turn starts, when this thread knows it
     if tenants.any_caps():
         job = store.peek(job_id, "status", "tenant", "parent_job")
@@ -109,6 +112,7 @@ def run_turns(store: Store, job_id: str) -> None:
         if resumed is None:
             return
         turn, job, restarted = resumed.turn, resumed.job, resumed.restarted
+        fence = job.turn_fence
         phase = job.turn_phase if restarted else "resumed"
         if restarted and phase != "yielded":  # handed back (`_hand_back`), not taken over
             log.warning("job %s: taking over turn %s (phase %s) from %s", job_id, turn, phase,
@@ -116,28 +120,29 @@ def run_turns(store: Store, job_id: str) -> None:
             store.emit(job_id, [(EventType.warning, {
                 "kind": "turn_restarted", "turn": turn,
                 "message": f"turn {turn} was taken over from a coordinator that stopped; "
-                           "events of this turn already sent may repeat"})])
+                           "events of this turn already sent may repeat"})], fence=fence)
         try:
             agent = get_registry().agent(job.agent or "")
         except Exception as exc:
-            end_job(store, job_id, "failed", error=str(exc), turns=turn - 1)
+            end_job(store, job_id, "failed", error=str(exc), turns=turn - 1, fence=fence)
             return
         try:
             closing: Closing = ([], {})
             if phase == "resumed" and resumed.inputs is None:
-                closed = _close_previous_turn(store, job_id, job, agent, turn)
+                closed = _close_previous_turn(store, job_id, job, agent, turn, fence)
                 if closed is None:
                     return
                 closing = closed
             with get_job_ends().watch(job_id) as pushed, WaitSlot() as slot:
                 if phase == "generated":  # it died before it closed the turn's plan
-                    drained = store.register(job_id, [], close=True).drained
+                    drained = store.register(job_id, [], close=True, fence=fence).drained
                 else:
                     with tracing.span(f"turn {turn}", job_id, {"cortex.job.id": job_id,
-                                      "cortex.agent": agent.name, "cortex.turn": turn}):
-                        turn_state = _generate(store, job_id, job, agent, turn, resumed.finished,
-                                               closing, pushed, slot, restarted=restarted,
-                                               inputs=resumed.inputs)
+                                      "cortex.agent": agent.name, "cortex.turn": turn}), \
+                            fencing.turn(job_id, fence):
+                        turn_state = _generate(store, job_id, job, agent, turn,
+                                               resumed.finished, closing, pushed, slot,
+                                               restarted=restarted, inputs=resumed.inputs)
                     if turn_state is None:
                         return
                     drained = turn_state.drained
@@ -145,14 +150,17 @@ def run_turns(store: Store, job_id: str) -> None:
                     return  # the last awaited action to finish sends the next turn
                 if phase != "generated":
                     start = _known_start(job, agent, turn, turn_state)
+        except Fenced as exc:  # the turn was taken over while this process was paused
+            fencing.refused(exc)
+            return
         except limits.ModelBusy as busy:
-            _hand_back(store, job_id, turn, busy)
+            _hand_back(store, job_id, turn, fence, busy)
             return
         except spending.QuotaExceeded as exc:
-            end_job(store, job_id, "failed", error=str(exc), turns=turn)
+            end_job(store, job_id, "failed", error=str(exc), turns=turn, fence=fence)
             return
         except ModelError as exc:
-            end_job(store, job_id, "failed", error=f"model error: {exc}")
+            end_job(store, job_id, "failed", error=f"model error: {exc}", fence=fence)
             return
         except RedisError:
             # The store failed (redis-py retried): nothing can be recorded now. This process
@@ -164,17 +172,17 @@ def run_turns(store: Store, job_id: str) -> None:
             raise
         except Exception as exc:  # a bug must end the job, never leave it running forever
             log.exception("job %s: turn %s failed", job_id, turn)
-            end_job(store, job_id, "failed", turns=turn,
+            end_job(store, job_id, "failed", turns=turn, fence=fence,
                     error=f"internal error in turn {turn}: {type(exc).__name__}: {exc}")
             return
 
 
-def _hand_back(store: Store, job_id: str, turn: int, busy: limits.ModelBusy) -> None:
+def _hand_back(store: Store, job_id: str, turn: int, fence: int, busy: limits.ModelBusy) -> None:
     """The model endpoint has no slot for longer than a thread is held: free the thread, and
     send the turn again for when a slot is due (it then takes the turn over and generates it
     from the same inputs). The turn's owner stays this process: if it dies first, the
     reconciler sends the turn at once."""
-    if store.yield_turn(job_id, owner()):
+    if store.yield_turn(job_id, owner(), fence):
         log.info("job %s: turn %s waits %.1f s for model endpoint %s (%s) off its thread",
                  job_id, turn, busy.retry_in_s, busy.endpoint, busy.reason)
         dispatch.agent_turn(job_id, countdown=busy.retry_in_s)
@@ -203,7 +211,7 @@ def _known_start(job: JobRecord, agent: AgentSpec, turn: int, state: Turn) -> Tu
 
 
 def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: AgentSpec,
-                         turn: int) -> Closing | None:
+                         turn: int, fence: int) -> Closing | None:
     """Render the last turn's responses and end the job if it is done (None). Otherwise the
     closing events and the record's fields, which the next turn writes as it starts."""
     events, final = render_responses(store, job_id, job.pending_responses)
@@ -227,25 +235,25 @@ def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: Agent
     ran = turn - 1  # `turn` is the one about to start; it never runs if the job ends here
     if error is None:
         end_job(store, job_id, "completed", result=result, turns=ran, closing=(events, fields),
-                job=job)
+                job=job, fence=fence)
     else:
         end_job(store, job_id, "failed", error=error, turns=ran, closing=(events, fields),
-                job=job)
+                job=job, fence=fence)
     return None
 
 
-def _stop_reason(store: Store, job_id: str, agent: AgentSpec, job: JobRecord,
+def _stop_reason(store: Store, job_id: str, agent: AgentSpec, job: JobRecord, fence: int,
                  renew: bool = False) -> str | None:
     """Why a generation must stop now: "ended" (cancelled or failed elsewhere, or the turn
-    was taken over by another coordinator), the wall time limit, or None. `renew`: extend
-    this coordinator's turn lease."""
-    current = store.peek(job_id, "status", "turn_owner")
-    if current is None or current.ended:
-        return "ended"
-    if renew and current.turn_owner:
-        if current.turn_owner != owner():
-            return "ended"  # our lease ran out and another coordinator owns the turn now
-        store.set_job(job_id, turn_lease=time.time() + TURN_LEASE_S)
+    was taken over by another coordinator: its fence moved on), the wall time limit, or None.
+    `renew`: extend this coordinator's turn lease (only while the fence is its own)."""
+    if renew:
+        if not store.renew_turn(job_id, fence, TURN_LEASE_S):
+            return "ended"
+    else:
+        current = store.peek(job_id, "status", "turn_fence")
+        if current is None or current.ended or current.turn_fence != fence:
+            return "ended"
     if time.time() - job.begun_at > agent.max_wall_time_s:
         return f"wall time limit ({agent.max_wall_time_s:g} s) reached"
     return None
@@ -292,14 +300,15 @@ def _tool_content(result: dict[str, Any] | None, limit: int) -> str:
     return body if result["status"] == "ok" else f"{result['status']}: {body}"
 
 
-def model_caller(store: Store, job_id: str, job: JobRecord, agent: AgentSpec) -> limits.Caller:
+def model_caller(store: Store, job_id: str, job: JobRecord, agent: AgentSpec,
+                 fence: int | None = None) -> limits.Caller:
     """The job as a caller of its model endpoint: it waits for a shared slot until its wall
     time runs out, its log shows each wait (`model_waiting`), and each request is counted
     against its tenant's budget (`usage`)."""
     def waiting(endpoint: str, reason: str, wait_s: float | None) -> None:
         store.emit(job_id, [(EventType.model_waiting, {
             "endpoint": endpoint, "reason": reason,
-            "wait_s": None if wait_s is None else round(wait_s, 3)})], live=True)
+            "wait_s": None if wait_s is None else round(wait_s, 3)})], live=True, fence=fence)
     def spent(endpoint: str, prompt_tokens: int, completion_tokens: int) -> None:
         spending.record(store, job_id, job.tenant, endpoint, prompt_tokens, completion_tokens)
 
@@ -311,7 +320,9 @@ def model_caller(store: Store, job_id: str, job: JobRecord, agent: AgentSpec) ->
 def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
               finished: list[str], closing: Closing, pushed: Watch, slot: WaitSlot,
               restarted: bool = False, inputs: TurnInputs | None = None) -> Turn | None:
-    """Generate one turn; `inputs`: its start, if `resume` made it already (`TurnStart`)."""
+    """Generate one turn; `inputs`: its start, if `resume` made it already (`TurnStart`).
+    Every write carries the turn's fence (`job.turn_fence`)."""
+    fence = job.turn_fence
     if inputs is None:
         begin: list[tuple[str, dict[str, Any]]] = []
         if not restarted:
@@ -319,7 +330,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
             begin = [*first, (EventType.turn_started, {"turn": turn})]
         inputs = store.start_turn(job_id, closing=closing[0], fields=closing[1], begin=begin,
                                   action_ids=[*(c["action_id"] for c in job.native_calls),
-                                              *finished])
+                                              *finished], fence=fence)
     if not inputs.begun:
         return None  # it ended (cancelled) before this turn began
     messages, fresh = _prompt(store, job_id, job, agent, turn, finished, inputs)
@@ -329,25 +340,25 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     model = KINDS["agent"].model(job) or agent.model
     grammar = _grammar(agent, model)
     depth = job.depth
-    with limits.calling(model_caller(store, job_id, job, agent)):
+    with limits.calling(model_caller(store, job_id, job, agent, fence)):
         for restart in range(TURN_RESTARTS + 1):
             reading = Reading(store, job_id, job, agent, planner, depth, model, names, pushed.ended,
-                               retaken=restarted)
+                              retaken=restarted, fence=fence)
             state = reading.state
             # ended before the stream opened? (just seen not to have, if this turn began now)
-            if (restart or restarted) and _stop_reason(store, job_id, agent, job):
+            if (restart or restarted) and _stop_reason(store, job_id, agent, job, fence):
                 state.ended = True
                 break
             stream = open_stream(model, messages, tools=tools, base_dir=get_settings().manifests,
                                  grammar=grammar, take=reading.take)
             try:
                 for events in stream:  # only when this thread has something to do
-                    if pushed.ended.is_set():
+                    if reading.lost:
                         state.ended = True
                         break
                     if time.monotonic() >= reading.check_at:  # out of time, or a missed end?
                         reading.next_check()
-                        if _stop_reason(store, job_id, agent, job, renew=True):
+                        if _stop_reason(store, job_id, agent, job, fence, renew=True):
                             state.ended = True
                             break
                     handle(store, job_id, agent, planner, events, state, depth, model)
@@ -360,7 +371,8 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
                     flush(store, job_id, state)
                     store.emit(job_id, [(EventType.warning, {
                         "kind": "model_retry",
-                        "message": f"the model stream broke ({exc}); turn restarted"})], live=True)
+                        "message": f"the model stream broke ({exc}); turn restarted"})],
+                        live=True, fence=fence)
                     continue
                 if restart:
                     exc.message += f"; the turn was restarted {restart} time(s) after its stream broke"
@@ -373,10 +385,12 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
             break
     parser, text, usage, deltas = reading.parser, reading.text, reading.usage, reading.deltas
     if state.ended:
+        if fencing.is_lost(job_id, fence):
+            raise Fenced("turn", job_id, f"turn fence {fence}")
         flush(store, job_id, state)
-        reason = _stop_reason(store, job_id, agent, job)
+        reason = _stop_reason(store, job_id, agent, job, fence)
         if reason and reason != "ended":
-            end_job(store, job_id, "failed", error=reason, turns=turn)
+            end_job(store, job_id, "failed", error=reason, turns=turn, fence=fence)
         return None
     tail = parser.close()
     if state.stopped_at is not None:  # we cut the stream: open blocks are not the model's fault
@@ -387,7 +401,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     fail_unseen_dependencies(store, job_id, planner, state)
     if state.limit is not None:
         flush(store, job_id, state)
-        end_job(store, job_id, "failed", error=state.limit, turns=turn)
+        end_job(store, job_id, "failed", error=state.limit, turns=turn, fence=fence)
         return None
 
     generated = "".join(text)
@@ -428,10 +442,11 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
         events.append((EventType.usage, {"turn": turn, "prompt_tokens": usage.prompt_tokens,
                                  "completion_tokens": usage.completion_tokens,
                                  **({"estimated": True} if estimated else {})}))
-    with chunk_writer(store).taken(job_id, state.batch) as chunks:  # logged with the end
+    with chunk_writer(store).taken(job_id, state.batch, fence) as chunks:  # logged with the end
         state.batch = []
         state.drained = store.end_turn(job_id, [*messages[len(messages) - fresh:], assistant],
-                                       fields, events, waiter=slot.take(), chunks=chunks)
+                                       fields, events, waiter=slot.take(), chunks=chunks,
+                                       fence=fence)
     return state
 
 
@@ -451,14 +466,16 @@ def _grammar(agent: AgentSpec, model: ModelConfig) -> Grammar | None:
 
 def end_job(store: Store, job_id: str, status: str, *, result: str | None = None,
             error: str | None = None, turns: int | None = None,
-            closing: Closing = ([], {}), job: JobRecord | None = None) -> None:
+            closing: Closing = ([], {}), job: JobRecord | None = None,
+            fence: int | None = None) -> None:
     """End an agent job (through `jobs.end_job`). `turns`: how many turns ran (default: the
     job's turn counter, which counts a turn as it begins). `closing`: the last turn's closing
-    events and fields, logged and written with the end. `job`: its record, just read."""
+    events and fields, logged and written with the end. `job`: its record, just read.
+    `fence`: the ending turn's (a turn taken over does not end its job)."""
     if turns is None:
         turns = (store.peek(job_id, "turn") or JobRecord(id=job_id)).turn
     events, fields = closing
     lifecycle.end_job(store, job_id, status, {"status": status, "result": result, "error": error,
                                          "turns": turns},
                  {**fields, "result": result or "", "error": error or "", "turns": turns},
-                 events=events, result=result, job=job)
+                 events=events, result=result, job=job, fence=fence)

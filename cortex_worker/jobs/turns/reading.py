@@ -24,6 +24,7 @@ from cortex_worker.llm.stream import (
 from cortex_worker.plan.stream import StreamPlanner
 from cortex_worker.protocol import parser as p
 from cortex_worker.protocol.actions import Action
+from cortex_worker.recovery import fencing
 from cortex_worker.settings import get_settings
 from cortex_worker.store.chunk_writer import ChunkWriter
 from cortex_worker.store.state import Store, dumps
@@ -53,6 +54,7 @@ class Turn:
     drained: bool = False  # once it ended: nothing is left to wait for, the next turn is due
     retaken: bool = False  # the turn was taken over: its dead coordinator may have registered
     #                        some of its actions already
+    fence: int | None = None  # the turn's fencing number: every write of the turn carries it
 
 
 class Reading:
@@ -63,10 +65,10 @@ class Reading:
 
     def __init__(self, store: Store, job_id: str, job: JobRecord, agent: AgentSpec,
                  planner: StreamPlanner, depth: int, model: ModelConfig, names: dict[str, str],
-                 job_ended: threading.Event, retaken: bool) -> None:
+                 job_ended: threading.Event, retaken: bool, fence: int | None) -> None:
         self.store, self.job_id, self.agent, self.planner = store, job_id, agent, planner
         self.depth, self.model, self.names, self.job_ended = depth, model, names, job_ended
-        self.state = Turn(retaken=retaken)
+        self.state = Turn(retaken=retaken, fence=fence)
         self.parser = p.StreamParser(known_ids=set(planner.ids),
                                      first_action_number=len(planner.ids) + 1)
         self.text: list[str] = []
@@ -82,8 +84,14 @@ class Reading:
         now = time.monotonic()
         self.check_at = now + min(STATUS_CHECK_S, self.wall_ends - time.time())
 
+    @property
+    def lost(self) -> bool:
+        """The job ended elsewhere (cancelled), or a write of this turn was refused (it was
+        taken over while this process was paused): stop at once."""
+        return self.job_ended.is_set() or fencing.is_lost(self.job_id, self.state.fence)
+
     def take(self, piece: Piece) -> list[p.ParseEvent] | None:
-        if self.job_ended.is_set():  # cancelled, or ended elsewhere: stop at once
+        if self.lost:  # before anything of the piece is handled
             return []
         if isinstance(piece, Usage):
             self.usage = piece
@@ -130,7 +138,7 @@ def handle(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
             state.batch.append((p.ACTION_PARSED, {"action": action.model_dump(mode="json")}))
             flush(store, job_id, state)
             if not start_action(store, job_id, agent, planner, action, depth, model,
-                                 retaken=state.retaken):
+                                 retaken=state.retaken, fence=state.fence):
                 state.ended = True  # the job ended: nothing more is registered or sent
                 return None
             state.actions += 1
@@ -149,16 +157,16 @@ def flush(store: Store, job_id: str, state: Turn, *, force: bool = True) -> None
     every other turn's of this process (one Redis call per token, or per stream every
     FLUSH_S, would cost a worker more CPU than reading the streams)."""
     writer = chunk_writer(store)
-    if force:
-        writer.flush(job_id, state.batch)  # after the job's pending chunks; not past its end
+    if force:  # after the job's pending chunks; not past its end, nor past the turn's lease
+        writer.flush(job_id, state.batch, state.fence)
     else:
-        writer.add(job_id, state.batch)
+        writer.add(job_id, state.batch, state.fence)
     state.batch = []
 
 
 @cache
 def chunk_writer(store: Store) -> ChunkWriter:
-    return ChunkWriter(store, FLUSH_S, prepare=_coalesce)
+    return ChunkWriter(store, FLUSH_S, prepare=_coalesce, on_stale=fencing.turn_lost)
 
 
 def _coalesce(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
@@ -167,8 +175,10 @@ def _coalesce(batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[s
 
 
 def start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
-                  action: Action, depth: int, model: ModelConfig, *, retaken: bool) -> bool:
-    """Register the action and send it if it is ready; False if the job has ended."""
+                  action: Action, depth: int, model: ModelConfig, *, retaken: bool,
+                  fence: int | None = None) -> bool:
+    """Register the action and send it if it is ready; False if the job has ended. Fenced
+    if the turn's `fence` is stale."""
     placed = planner.place(action)
     deps, after = list(placed.depends_on), list(placed.after)
     spec = action.model_dump(mode="json")
@@ -192,12 +202,13 @@ def start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPla
         else:
             return True
     else:
-        registered = store.register(job_id, [entry], close=False)
+        registered = store.register(job_id, [entry], close=False, fence=fence)
         if not registered.recorded:
             return False
         ready = registered.ready
     if refusal is not None:
-        executor.record_outcome(store, job_id, action.id, spec, "error", None, refusal)
+        executor.record_outcome(store, job_id, action.id, spec, "error", None, refusal,
+                                fence=fence)
         return True
     if ready and row.in_turn:  # runs here, in the coordinator
         executor.execute(job_id, action.id, spec, trigger=True)
@@ -214,7 +225,8 @@ def fail_unseen_dependencies(store: Store, job_id: str, planner: StreamPlanner, 
         state.batch.append((p.PROTOCOL_ERROR, {"kind": "unknown_dependency", "message": message,
                                                "line": 0, "column": 0, "action_id": action_id}))
         spec = {"id": action_id}
-        executor.record_outcome(store, job_id, action_id, spec, "error", None, message)
+        executor.record_outcome(store, job_id, action_id, spec, "error", None, message,
+                                fence=state.fence)
         del planner.waiting[action_id]
 
 

@@ -1,10 +1,12 @@
 -- End the job. ARGV[3]: final status, [4]: JSON object of job fields, [5]: only_if ('' or a
--- status the job must have), [6..]: events (kind, data). Unless the job completed, unfinished
--- actions become cancelled.
--- Returns the ids of actions that were queued or running, or false if the job had ended.
+-- status the job must have), [6]: the fence of the turn that ends it ('' : not a turn),
+-- [7..]: events (kind, data). Unless the job completed, unfinished actions become cancelled.
+-- Returns the ids of actions that were queued or running, or false if the job had ended (or
+-- the turn's fence is stale: a turn taken over does not end its job).
 local cur = redis.call('HGET', K_JOB, 'status')
 if JOB_TERMINAL[cur] then return false end
 if ARGV[5] ~= '' and cur ~= ARGV[5] then return false end
+if stale_turn(ARGV[6], 'job_end') then return false end
 redis.call('HSET', K_JOB, 'status', ARGV[3], 'finished_at', NOW)
 m_job_ended(ARGV[3])
 set_fields(ARGV[4])
@@ -37,7 +39,7 @@ local function with_usage(data)
   if string.match(data, '^%s*{%s*}%s*$') then return '{' .. usage .. '}' end
   return string.gsub(data, '}%s*$', ',' .. usage .. '}', 1)
 end
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   local data = ARGV[i + 1]
   if i + 1 == #ARGV and JOB_END_EVENTS[ARGV[i]] then data = with_usage(data) end
   emit(ARGV[i], data)

@@ -1,6 +1,8 @@
--- ARGV[3]: '1' to log only while the job has not ended (a turn's output), [4..]: kind, data,
--- kind, data ... Returns the last seq, or 0 if nothing was logged.
+-- ARGV[3]: '1' to log only while the job has not ended (a turn's output), [4]: the turn's
+-- fence ('' : none), [5..]: kind, data, kind, data ... Returns the last seq, 0 if nothing was
+-- logged (the job had ended), or -1 if the turn's fence is stale (nothing was logged).
 if ARGV[3] == '1' and job_ended() then return 0 end
+if stale_turn(ARGV[4], 'events') then return -1 end
 local seq = 0
-for i = 4, #ARGV, 2 do seq = emit(ARGV[i], ARGV[i + 1]) end
+for i = 5, #ARGV, 2 do seq = emit(ARGV[i], ARGV[i + 1]) end
 return seq

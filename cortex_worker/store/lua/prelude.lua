@@ -47,6 +47,32 @@ local function enc_id(id) return cjson.encode(id) end
 local M_COUNTERS, M_DISPATCH, M_DURATION = 'cx:metrics', 'cx:metrics:hist:dispatch',
                                            'cx:metrics:hist:duration'
 local K_TM = 'cx:{' .. JOB .. '}:tm'
+-- Fencing (recovery/fencing.py). Every lease carries a number that only grows: a turn's
+-- `turn_fence` in the job record (resume.lua takes the next one as it grants a turn), an
+-- action's attempt (claim.lua). Its holder passes its number with each write; a write whose
+-- number is no longer current (its holder was paused and its lease taken over) is refused
+-- here, in the same call, and counted (metric stale_writes|<write>). '' : no fence.
+local function stale_turn(fence, write)
+  if fence == nil or fence == '' or redis.call('HGET', K_JOB, 'turn_fence') == fence then
+    return false
+  end
+  redis.call('HINCRBY', M_COUNTERS, 'stale_writes|' .. write, 1)
+  return true
+end
+
+-- An action's attempt is current while it is the last claimed and its holder keeps the lease
+-- (the reconciler releases the lease of a holder it found dead before it sends it again).
+local function stale_attempt(id, attempt, holder, write)
+  if attempt == nil or attempt == '' then return false end
+  local lease = redis.call('HGET', K_LEASE, id)
+  if redis.call('HGET', K_ATTEMPTS, id) == attempt and lease and
+     string.match(lease, '^(.*)|[^|]*$') == holder then
+    return false
+  end
+  redis.call('HINCRBY', M_COUNTERS, 'stale_writes|' .. write, 1)
+  return true
+end
+
 local M_BUCKETS = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300}
 
 local function m_observe(key, labels, seconds)

@@ -1,8 +1,10 @@
 -- ARGV[3]: JSON list of {id, spec, deps, after, on_error, awaited}; ARGV[4]: '1' closes the
--- plan (of the job, or of an agent's turn).
+-- plan (of the job, or of an agent's turn), [5]: the registering turn's fence ('' : none).
 -- Returns the ids to dispatch now, then '|', then 1 if the job drained; or {'ended'} if the
--- job has ended (cancelled, failed, completed): then nothing is registered.
+-- job has ended (cancelled, failed, completed), {'stale'} if the turn's fence is: then
+-- nothing is registered.
 if job_ended() then return {'ended'} end
+if stale_turn(ARGV[5], 'register') then return {'stale'} end
 local out = {}
 for _, a in ipairs(cjson.decode(ARGV[3])) do
   local id = a.id

@@ -10,6 +10,8 @@
 -- and the turn begins in this call if it is that turn, begun now (not taken over), and the
 -- record agrees; turn 1 also logs `job_started` (kind agent, the record's agent) first.
 -- KEYS[17], KEYS[18]: the conversation and the feed changes.
+-- Each grant takes the next turn fence (`turn_fence`, in the record returned): the turn's
+-- writes carry it (fencing, in the prelude).
 -- Returns {turn, restarted (0|1), n, the n ids finished before the turn, m, the job record
 -- (m values: field, value, ...), then what begin_turn returned, or 0 if the turn was not
 -- begun}, or {0} if no turn is due.
@@ -53,6 +55,7 @@ if st == 'running' and redis.call('HGET', K_JOB, 'closed') == '0' then
   local expiry = tonumber(redis.call('HGET', K_JOB, 'turn_lease') or '0')
   if not (dead ~= '' and cur == dead) and expiry > tonumber(NOW) then return {0} end
   redis.call('HSET', K_JOB, 'turn_owner', owner, 'turn_lease', tostring(tonumber(NOW) + lease))
+  redis.call('HINCRBY', K_JOB, 'turn_fence', 1)  -- the holder it took over from is stale now
   local out = with_record({tonumber(redis.call('HGET', K_JOB, 'turn') or '1'), 1},
                           cjson.decode(redis.call('HGET', K_JOB, 'turn_inbox') or '[]'))
   table.insert(out, 0)  -- a turn taken over is generated again by its own path
@@ -65,6 +68,7 @@ local turn = redis.call('HINCRBY', K_JOB, 'turn', 1)
 local out = {turn, 0}
 local ids = redis.call('LRANGE', K_INBOX, 0, -1)
 redis.call('DEL', K_INBOX)
+redis.call('HINCRBY', K_JOB, 'turn_fence', 1)
 if owner ~= '' then
   redis.call('HSET', K_JOB, 'turn_owner', owner, 'turn_lease', tostring(tonumber(NOW) + lease),
              'turn_phase', 'resumed', 'turn_inbox', #ids > 0 and cjson.encode(ids) or '[]')
