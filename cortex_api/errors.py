@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.requests import Request
 
@@ -55,12 +56,25 @@ def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorBody} for code in codes}
 
 
+REDIS_RETRY_AFTER_S = 5
+"""What a 503 for Redis asks the client to wait before it tries again: about a failover."""
+
+
 async def redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
-    """503 when Redis cannot be reached (the job state lives there)."""
-    return JSONResponse({"detail": {"message": f"Redis is unavailable: {exc}"}}, status_code=503)
+    """503 when Redis cannot take the request (the job state lives there): unreachable, or
+    read-only (a replica: the old master after a failover, or a URL naming a replica). The
+    store's retries come first, so an unreachable Redis answers after its retry window."""
+    if isinstance(exc, ReadOnlyError):
+        message = f"Redis is read-only (a replica): {exc}"
+    else:
+        message = f"Redis is unavailable: {exc or type(exc).__name__}"
+    log.warning("%s %s: %s", request.method, request.url.path, message)
+    return JSONResponse({"detail": {"message": message}}, status_code=503,
+                        headers={"Retry-After": str(REDIS_RETRY_AFTER_S)})
 
 
-REDIS_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+REDIS_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError,
+                                             ReadOnlyError)
 
 
 async def invalid_request(request: Request, exc: Exception) -> JSONResponse:

@@ -22,12 +22,15 @@ from typing import Any, Literal, Protocol
 
 import anyio
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialBackoff
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Send
 
 from cortex_api.agui import AgUiTranslator
 from cortex_api.errors import REDIS_ERRORS
 from cortex_worker.protocol.events import JOB_TERMINAL, TERMINAL_EVENTS
+from cortex_worker.store.connect import async_client, check_writable
 from cortex_worker.store.keys import channel, job_keys
 from cortex_worker.store.state import dumps
 
@@ -39,6 +42,8 @@ QUEUE_SIZE = 1000
 SEND_TIMEOUT_S = 30.0
 #: Pauses of a stream between Redis errors before it gives up (about 30 s in all).
 REDIS_PAUSES_S = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
+#: Times a hub command is sent again on a new connection before its error reaches the stream.
+HUB_RETRIES = 3
 #: `?format=` values of a job's event stream: Cortex's own events, or AG-UI events.
 STREAM_FORMATS = ("cortex", "ag-ui")
 
@@ -370,14 +375,17 @@ class EventHub:
 
     @classmethod
     def from_url(cls, url: str, *, max_connections: int = 4, **kwargs: Any) -> EventHub:
-        """A hub on `url`: replays share at most `max_connections` connections (a busy
-        pool is waited for, up to 30 s: under load that is better than a 503)."""
-        common: dict[str, Any] = {"decode_responses": True, "socket_connect_timeout": 5,
-                                  "health_check_interval": 30}
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=30, **common)
-        return cls(aioredis.Redis(connection_pool=pool), aioredis.Redis.from_url(url, **common),
-                   **kwargs)
+        """A hub on `url` (plain or Sentinel: see cortex_worker.store.connect): replays share
+        at most `max_connections` connections (a busy pool is waited for, up to 30 s: under
+        load that is better than a 503). A command is tried again a few times on a new
+        connection (to the new master after a failover); `event_stream` rides out longer
+        outages itself."""
+        def retry() -> AsyncRetry:
+            return AsyncRetry(ExponentialBackoff(cap=1.0, base=0.05), HUB_RETRIES)
+
+        replays = async_client(url, retry=retry(), max_connections=max_connections,
+                               pool_timeout=30)
+        return cls(replays, async_client(url, retry=retry()), **kwargs)
 
     # -- EventSource --------------------------------------------------------------------
     @asynccontextmanager
@@ -424,7 +432,10 @@ class EventHub:
 
     # -- housekeeping -------------------------------------------------------------------
     async def ping(self) -> bool:
-        return bool(await self.redis.ping())
+        """True if Redis answers and takes writes; ReadOnlyError naming the master a replica
+        follows, ConnectionError if it does not answer (readiness says why)."""
+        await check_writable(self.redis)
+        return True
 
     def stats(self) -> dict[str, int]:
         return {"channels": len(self._fanout.channels()), "listeners": len(self._fanout)}

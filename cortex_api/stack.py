@@ -28,10 +28,13 @@ from typing import IO, Any
 
 import httpx
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from cortex_worker.errors import CortexError
 from cortex_worker.pools import UP
 from cortex_worker.settings import Settings
+from cortex_worker.store.connect import sync_client
 
 #: What a terminal (Ctrl-C, hang-up), systemd, `docker stop`, a supervisor or `timeout` sends.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -111,10 +114,15 @@ def redis_pid(url: str) -> int | None:
 
 
 def redis_answers(url: str) -> bool:
+    """A Redis (for a Sentinel URL: the master the sentinels name) answers PING at `url`."""
+    client = sync_client(url, retry=Retry(NoBackoff(), 0), max_connections=1, pool_timeout=1.0,
+                         socket_connect_timeout=0.5, socket_timeout=1.0)
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+        return bool(client.ping())
     except redis.RedisError:
         return False
+    finally:
+        client.close()
 
 
 @dataclass

@@ -7,6 +7,7 @@ from kombu import Exchange, Queue
 
 from cortex_worker.pools import KOMBU_PRIORITY_SEP, NAMES, PRIORITIES, lanes
 from cortex_worker.settings import Settings, get_settings
+from cortex_worker.store.connect import celery_backend_config, celery_broker_config
 from cortex_worker.store.state import MAX_CONNECTIONS
 from cortex_worker.worker import kombu_fixes as broker
 
@@ -20,8 +21,13 @@ def create_app(settings: Settings | None = None) -> Celery:
     """Build the Celery app for `settings` (the environment's by default)."""
     settings = settings or get_settings()
     broker.install()
-    app = Celery("cortex", broker=settings.broker, backend=settings.redis_url,
-                 include=["cortex_worker.tasks"], events="cortex_worker.observability.task_events:Events")
+    # A Sentinel URL becomes kombu's and Celery's `sentinel://` URLs plus `master_name` (and
+    # the sentinels' options) in the transport options; any other URL is used as it is.
+    broker_config, backend_config = celery_broker_config(settings.broker), celery_backend_config(
+        settings.redis_url)
+    app = Celery("cortex", broker=broker_config["broker_url"],
+                 backend=backend_config["result_backend"], include=["cortex_worker.tasks"],
+                 events="cortex_worker.observability.task_events:Events")
     app.conf.update(
         task_queues=[Queue(lane, Exchange(pool, type="direct"), routing_key=lane)
                      for pool in NAMES for lane in lanes(pool)],
@@ -60,8 +66,10 @@ def create_app(settings: Settings | None = None) -> Celery:
             "unacked_mutex_expire": restore_lock_expiry(settings.visibility_timeout_s),
             "priority_steps": list(range(PRIORITIES)),  # a job's priority: its 0 first
             "sep": KOMBU_PRIORITY_SEP,
+            **broker_config["broker_transport_options"],
         },
-        result_backend_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        result_backend_transport_options={"visibility_timeout": settings.visibility_timeout_s,
+                                          **backend_config["result_backend_transport_options"]},
         worker_hijack_root_logger=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )

@@ -27,6 +27,7 @@ from pydantic_settings import (
 )
 
 from cortex_worker.llm.config import ModelField
+from cortex_worker.store.connect import is_redis_url, parse_url
 
 #: Environment variable naming the settings file (`.toml`, `.yaml` or `.yml`).
 SETTINGS_FILE_ENV = "CORTEX_SETTINGS_FILE"
@@ -57,7 +58,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CORTEX_", env_file=".env", extra="ignore",
                                       hide_input_in_errors=True)
 
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0", description="job state, events, results: "
+        "redis://, rediss://, unix:// or redis+sentinel://[:password@]HOST:PORT,HOST:PORT,.../"
+        "MASTER_NAME/DB (see docs/operations.md#redis-sentinel)")
     broker_url: str | None = Field(default=None, description="Celery broker; defaults to redis_url")
     manifests: Path = Path("examples/manifests")
     workspace_root: Path = Path("/tmp/cortex-workspaces")
@@ -133,6 +137,20 @@ class Settings(BaseSettings):
     allow_no_auth: bool = Field(
         default=False, description="let `cortex api` bind a non-loopback host without API keys")
     metrics_public: bool = Field(default=False, description="/metrics answers without a key")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        """A URL Cortex cannot connect with stops the process at start, naming what is wrong."""
+        parse_url(value)
+        return value
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url(cls, value: str | None) -> str | None:
+        if value is not None and is_redis_url(value):
+            parse_url(value)
+        return value
 
     @field_validator("tool_modules", mode="before")
     @classmethod

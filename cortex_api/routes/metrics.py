@@ -5,11 +5,14 @@ from __future__ import annotations
 import redis
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from cortex_api.deps import SettingsDep, StoreDep
 from cortex_worker.observability.metrics import CortexCollector
 from cortex_worker.settings import Settings
-from cortex_worker.store.state import Store
+from cortex_worker.store.connect import is_redis_url, sync_client
+from cortex_worker.store.state import POOL_WAIT_S, Store
 
 router = APIRouter(tags=["health"])
 
@@ -30,8 +33,9 @@ def _registry(store: Store, settings: Settings) -> CollectorRegistry:
     broker: redis.Redis | None = None
     if settings.broker == settings.redis_url:
         broker = store.redis
-    elif settings.broker.startswith(("redis://", "rediss://", "unix://")):
-        broker = redis.Redis.from_url(settings.broker, decode_responses=True)
+    elif is_redis_url(settings.broker):  # a Redis of its own (plain or Sentinel)
+        broker = sync_client(settings.broker, retry=Retry(NoBackoff(), 1), max_connections=4,
+                             pool_timeout=POOL_WAIT_S)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CortexCollector(store.redis, broker))
     return registry

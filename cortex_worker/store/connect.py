@@ -1,0 +1,296 @@
+"""Redis URLs and the clients built from them: the one place a Cortex process connects to Redis.
+
+`CORTEX_REDIS_URL` is either a plain URL (`redis://`, `rediss://`, `unix://`), handed to
+redis-py as it is, or a Sentinel URL, whose master the sentinels name (and rename after a
+failover):
+
+    redis+sentinel://[[user]:password@]HOST1:PORT1,HOST2:PORT2,.../MASTER_NAME[/DB][?sentinel_password=...]
+
+`password` (and `user`) authenticate to the master, `sentinel_password` to the sentinels
+(Sentinel's own `requirepass`); a port left out is 26379. The state store and the API's SSE
+hub use redis-py's `Sentinel(...).master_for(...)`; Celery's broker and result backend use
+kombu's and Celery's Sentinel support (`sentinel://` URLs and `master_name` in the transport
+options), from `celery_broker_config` and `celery_backend_config`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+import redis
+import redis.asyncio as aioredis
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+from redis.exceptions import NoPermissionError, ReadOnlyError
+from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from cortex_worker.errors import CortexError
+
+SENTINEL_SCHEME = "redis+sentinel"
+PLAIN_SCHEMES = ("redis", "rediss", "unix")
+DEFAULT_SENTINEL_PORT = 26379
+CONNECT_TIMEOUT_S = 2.0
+"""How long one attempt to open a connection may take: a host that drops packets (a partition)
+fails each attempt after this long instead of the kernel's two minutes."""
+SENTINEL_TIMEOUT_S = 2.0
+"""How long a sentinel may take to answer which node is the master, before the next is asked."""
+
+
+class RedisUrlError(CortexError, ValueError):
+    """A Redis URL Cortex cannot use; the message says which part is wrong (a ValueError:
+    the settings' validators report it as the field's error)."""
+
+
+class PlainTarget(BaseModel):
+    """A `redis://`, `rediss://` or `unix://` URL: redis-py and kombu read it as it is."""
+
+    model_config = ConfigDict(frozen=True)
+
+    url: str
+
+
+class SentinelTarget(BaseModel):
+    """A `redis+sentinel://` URL, parsed: the sentinels to ask, the master's name and the db."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sentinels: tuple[tuple[str, int], ...] = Field(min_length=1)
+    master_name: str = Field(min_length=1)
+    db: int = Field(default=0, ge=0)
+    username: str | None = None
+    password: SecretStr | None = None
+    sentinel_password: SecretStr | None = None
+
+    def master_kwargs(self) -> dict[str, Any]:
+        """Connection options for the master's connections: its db and credentials."""
+        kwargs: dict[str, Any] = {"db": self.db}
+        if self.username:
+            kwargs["username"] = self.username
+        if self.password is not None:
+            kwargs["password"] = self.password.get_secret_value()
+        return kwargs
+
+    def sentinel_kwargs(self) -> dict[str, Any]:
+        """Connection options for the sentinels: short timeouts (a dead sentinel is skipped
+        for the next one) and Sentinel's own password."""
+        kwargs: dict[str, Any] = {"socket_timeout": SENTINEL_TIMEOUT_S,
+                                  "socket_connect_timeout": SENTINEL_TIMEOUT_S}
+        if self.sentinel_password is not None:
+            kwargs["password"] = self.sentinel_password.get_secret_value()
+        return kwargs
+
+    def celery_url(self) -> str:
+        """kombu's and Celery's form: one `sentinel://` URL per sentinel, joined with `;`
+        (each carries the master's credentials and db, as they read them from the first)."""
+        auth = ""
+        if self.username or self.password is not None:
+            secret = self.password.get_secret_value() if self.password is not None else ""
+            auth = f"{quote(self.username or '', safe='')}:{quote(secret, safe='')}@"
+        return ";".join(f"sentinel://{auth}{_host(host)}:{port}/{self.db}"
+                        for host, port in self.sentinels)
+
+    def transport_options(self) -> dict[str, Any]:
+        """What kombu's Sentinel channel and Celery's Sentinel backend need beside the URL."""
+        return {"master_name": self.master_name, "sentinel_kwargs": self.sentinel_kwargs()}
+
+
+RedisTarget = PlainTarget | SentinelTarget
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def is_redis_url(url: str) -> bool:
+    """The URL names a Redis (plain or Sentinel), not another broker (`amqp://`, ...)."""
+    return url.partition("://")[0].lower() in (*PLAIN_SCHEMES, SENTINEL_SCHEME)
+
+
+def parse_url(url: str) -> RedisTarget:
+    """`url` as a target; RedisUrlError naming the part that is wrong."""
+    scheme, sep, _ = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in (*PLAIN_SCHEMES, SENTINEL_SCHEME):
+        raise RedisUrlError(
+            f"a Redis URL starts with redis://, rediss://, unix:// or {SENTINEL_SCHEME}:// "
+            f"(got {_redact(url)!r})")
+    if scheme != SENTINEL_SCHEME:
+        return PlainTarget(url=url)
+    return _parse_sentinel(url)
+
+
+def _parse_sentinel(url: str) -> SentinelTarget:
+    where = f"{SENTINEL_SCHEME} URL {_redact(url)!r}"
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # an unclosed [ of an IPv6 address
+        raise RedisUrlError(f"{where}: {exc}") from None
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    sentinels = tuple(_sentinel_address(item, where) for item in hosts.split(","))
+    segments = [unquote(s) for s in parts.path.split("/")[1:]]
+    if segments and segments[-1] == "":
+        segments.pop()  # a trailing slash
+    if not segments or not segments[0]:
+        raise RedisUrlError(f"{where}: the master's name is missing: write "
+                            f"{SENTINEL_SCHEME}://HOST:PORT,HOST:PORT/MASTER_NAME/DB")
+    if len(segments) > 2:
+        raise RedisUrlError(f"{where}: the path is /MASTER_NAME or /MASTER_NAME/DB, "
+                            f"not {parts.path!r}")
+    db = 0
+    if len(segments) == 2:
+        if not segments[1].isdigit():
+            raise RedisUrlError(f"{where}: the db must be a number >= 0 (got {segments[1]!r})")
+        db = int(segments[1])
+    query = parse_qs(parts.query, keep_blank_values=True)
+    unknown = sorted(set(query) - {"sentinel_password"})
+    if unknown:
+        raise RedisUrlError(f"{where}: unknown option(s) {', '.join(unknown)}; the only one is "
+                            "sentinel_password")
+    sentinel_password = query.get("sentinel_password", [None])[-1]
+    return SentinelTarget(
+        sentinels=sentinels, master_name=segments[0], db=db, username=username,
+        password=SecretStr(password) if password is not None else None,
+        sentinel_password=SecretStr(sentinel_password) if sentinel_password is not None else None)
+
+
+def _sentinel_address(item: str, where: str) -> tuple[str, int]:
+    """`host`, `host:port` or `[v6]:port` as (host, port)."""
+    if item.startswith("["):
+        host, bracket, rest = item[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else rest
+        if not bracket or (rest and not rest.startswith(":")):
+            raise RedisUrlError(f"{where}: bad sentinel address {item!r}")
+    else:
+        host, _, port_text = item.partition(":")
+    if not host:
+        raise RedisUrlError(f"{where}: a sentinel's host is empty (in {item!r}); list them as "
+                            "HOST1:PORT1,HOST2:PORT2")
+    if not port_text:
+        return host, DEFAULT_SENTINEL_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise RedisUrlError(f"{where}: sentinel {item!r} has a bad port {port_text!r}")
+    return host, int(port_text)
+
+
+def _redact(url: str) -> str:
+    """`url` without its passwords, for messages."""
+    url = re.sub(r"(sentinel_password=)[^&]*", r"\1***", url)
+    head, at, tail = url.rpartition("@")
+    if not at:
+        return url
+    scheme, sep, userinfo = head.partition("://")
+    user = userinfo.partition(":")[0]
+    return f"{scheme}{sep}{user}:***@{tail}"
+
+
+# -- clients -------------------------------------------------------------------------------
+class _BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
+    """redis-py's Sentinel pool, whose callers wait for a free connection (up to `timeout`)
+    instead of failing when `max_connections` are in use, as `BlockingConnectionPool` does."""
+
+
+class _AsyncBlockingSentinelPool(AsyncSentinelPool, aioredis.BlockingConnectionPool):
+    """The asyncio form of `_BlockingSentinelPool`."""
+
+
+def sync_client(url: str, *, retry: Retry, max_connections: int, pool_timeout: float,
+                socket_connect_timeout: float = CONNECT_TIMEOUT_S,
+                socket_timeout: float | None = None, decode_responses: bool = True,
+                health_check_interval: int = 30) -> redis.Redis:
+    """A client of the Redis `url` names (its master, for a Sentinel URL), on a blocking pool
+    of `max_connections`; a command whose connection fails is sent again as `retry` says
+    (after a failover, to the master the sentinels name then)."""
+    target = parse_url(url)
+    options: dict[str, Any] = {
+        "decode_responses": decode_responses, "retry": retry,
+        "health_check_interval": health_check_interval,
+        "socket_connect_timeout": socket_connect_timeout, "socket_timeout": socket_timeout,
+        "socket_keepalive": True, "max_connections": max_connections, "timeout": pool_timeout}
+    if isinstance(target, PlainTarget):
+        return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=target.sentinel_kwargs())
+    client: redis.Redis = sentinel.master_for(
+        target.master_name, connection_pool_class=_BlockingSentinelPool,
+        **target.master_kwargs(), **options)
+    return client
+
+
+def async_client(url: str, *, retry: AsyncRetry, max_connections: int | None = None,
+                 pool_timeout: float = 30.0, socket_connect_timeout: float = CONNECT_TIMEOUT_S,
+                 decode_responses: bool = True,
+                 health_check_interval: int = 30) -> aioredis.Redis:
+    """The asyncio client of `url` (its master, for a Sentinel URL): on a blocking pool when
+    `max_connections` is given, else on a pool of its own without a cap (pub/sub)."""
+    target = parse_url(url)
+    options: dict[str, Any] = {
+        "decode_responses": decode_responses, "retry": retry,
+        "health_check_interval": health_check_interval,
+        "socket_connect_timeout": socket_connect_timeout, "socket_keepalive": True}
+    if max_connections is not None:
+        options.update(max_connections=max_connections, timeout=pool_timeout)
+    if isinstance(target, PlainTarget):
+        if max_connections is None:
+            return aioredis.Redis.from_url(url, **options)
+        return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(url, **options))
+    sentinel = AsyncSentinel(list(target.sentinels), sentinel_kwargs=target.sentinel_kwargs())
+    pool_class = AsyncSentinelPool if max_connections is None else _AsyncBlockingSentinelPool
+    client: aioredis.Redis = sentinel.master_for(
+        target.master_name, connection_pool_class=pool_class, **target.master_kwargs(), **options)
+    return client
+
+
+def read_only_reason(role: list[Any]) -> str | None:
+    """Why a node whose `ROLE` answered `role` cannot take writes, or None if it can."""
+    kind = str(role[0]) if role else ""
+    if kind == "master":
+        return None
+    if kind == "slave" and len(role) >= 3:
+        return f"Redis is read-only (a replica of {role[1]}:{role[2]})"
+    return f"Redis is read-only (its role is {kind or 'unknown'})"
+
+
+async def check_writable(client: aioredis.Redis) -> None:
+    """Raise ReadOnlyError if `client`'s node is a replica (the old master after a failover,
+    or a URL that names a replica); a ConnectionError if it does not answer. A user whose ACL
+    forbids ROLE gets the PING's answer alone."""
+    try:
+        role = await client.execute_command("ROLE")
+    except NoPermissionError:
+        await client.ping()
+        return
+    reason = read_only_reason(list(role))
+    if reason is not None:
+        raise ReadOnlyError(reason)
+
+
+# -- Celery --------------------------------------------------------------------------------
+def celery_broker_config(url: str) -> dict[str, Any]:
+    """Celery's `broker_url` for `url`, and for a Sentinel URL the transport options it needs
+    (to merge into `broker_transport_options`); any other broker (amqp://...) as it is."""
+    if not is_redis_url(url):
+        return {"broker_url": url, "broker_transport_options": {}}
+    target = parse_url(url)
+    if isinstance(target, PlainTarget):
+        return {"broker_url": url, "broker_transport_options": {}}
+    return {"broker_url": target.celery_url(),
+            "broker_transport_options": target.transport_options()}
+
+
+def celery_backend_config(url: str) -> dict[str, Any]:
+    """Celery's `result_backend` for `url`, and for a Sentinel URL the transport options it
+    needs (to merge into `result_backend_transport_options`)."""
+    target = parse_url(url)
+    if isinstance(target, PlainTarget):
+        return {"result_backend": url, "result_backend_transport_options": {}}
+    return {"result_backend": target.celery_url(),
+            "result_backend_transport_options": target.transport_options()}
