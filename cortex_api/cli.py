@@ -186,14 +186,26 @@ def worker(
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
     hostname: Annotated[str | None, typer.Option(help="Worker node name (default pool@host).")] = None,
 ) -> None:
-    """Start a worker of one pool; run several, on any machines, to scale it."""
-    from cortex_worker.app import app as celery_app
+    """Start a worker of one pool; run several, on any machines, to scale it.
+
+    Exits non-zero when it cannot go on (invalid settings: 2; Celery's "Unrecoverable error",
+    such as a broker that is a read-only replica: 1), so that a supervisor restarts it."""
+    from pydantic import ValidationError
+
+    from cortex_worker.settings import get_settings
 
     if pool not in BY_NAME:
         raise typer.BadParameter(f"unknown pool {pool!r}; choose one of {', '.join(NAMES)}")
+    try:
+        get_settings()
+    except ValidationError as exc:
+        console.print(f"[red]invalid settings[/]: {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    from cortex_worker.app import app as celery_app
+    from cortex_worker.worker import signals
+
     _check_manifests()
     if pool == "tool":
-        from cortex_worker.settings import get_settings
         from cortex_worker.tools.sandboxed import describe_isolation
 
         ok, line = describe_isolation(get_settings())
@@ -207,7 +219,10 @@ def worker(
         argv.append("--pool=threads")
     if concurrency or spec.concurrency:
         argv.append(f"--concurrency={concurrency or spec.concurrency}")
+    exit_code = signals.connect_exit_code()
     celery_app.worker_main(argv)
+    if exit_code():
+        raise typer.Exit(exit_code())
 
 
 @app.command(cls=Command)

@@ -2,6 +2,7 @@
 
 - A worker process's lifecycle runs the steps of `cortex_worker.worker.steps.PROCESS`
   (`connect_process`, by `cortex_worker.tasks`, which every worker imports).
+- The worker's exit code is kept for `cortex worker` to exit with (`connect_exit_code`).
 - A task message carries the trace of the span that sends it, and the task's span opens
   under it (`connect_messages`: in the workers, and in the API, which sends jobs' starts).
 
@@ -11,6 +12,7 @@ is handed in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from celery import signals
@@ -43,6 +45,19 @@ def connect_process(process: Process) -> None:
                                          dispatch_uid=f"{PREFIX}shutting-down")
     signals.worker_shutdown.connect(stop, weak=False, dispatch_uid=f"{PREFIX}stop")
     signals.worker_process_shutdown.connect(stop, weak=False, dispatch_uid=f"{PREFIX}stop-child")
+
+
+def connect_exit_code() -> Callable[[], int]:
+    """Keep the exit code the worker ends with; the returned function reads it (0 until it
+    ends). Celery's `worker_main` drops it, so a worker that stopped on an "Unrecoverable
+    error" (code 1) would exit 0 and a supervisor would not restart it."""
+    codes: list[int] = [0]
+
+    def ended(sender: Any = None, **_: Any) -> None:
+        codes[0] = max(codes[0], int(getattr(sender, "exitcode", None) or 0))
+
+    signals.worker_shutdown.connect(ended, weak=False, dispatch_uid=f"{PREFIX}exit-code")
+    return lambda: codes[0]
 
 
 def connect_messages() -> None:
