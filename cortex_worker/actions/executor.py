@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any, NoReturn, Protocol
 
 from cortex_worker.actions import dispatch
@@ -157,7 +160,8 @@ def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, An
             for u in unresolved])
     started = time.time()
     with tracing.action_span(job_id, spec, attempt) as span, \
-            fencing.holding(job_id, action_id, attempt):
+            fencing.holding(job_id, action_id, attempt) as held:
+        held.on_stale(partial(_stop_sandboxes, threading.get_ident()))
         status, value, error = _run(job_id, action_id, spec, params, timeout, attempt)
         tracing.outcome(span, status, error)
     finished = time.time()
@@ -179,6 +183,17 @@ def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, An
     except Fenced as exc:  # another attempt holds it now: this one's outcome is dropped
         fencing.refused(exc)
         return "stale"
+
+
+def _stop_sandboxes(thread: int) -> None:
+    """A stale attempt stops at once: the sandboxed processes its thread runs are killed (its
+    outcome would be refused anyway)."""
+    from cortex_worker.sandbox import process  # not at import: the API never loads the sandbox
+
+    process.kill_groups_of(thread)
+    docker = sys.modules.get("cortex_worker.sandbox.docker")  # loaded if a container runs
+    if docker is not None:
+        docker.kill_containers_of(thread)
 
 
 def _run(job_id: str, action_id: str, spec: Mapping[str, Any], params: Any,

@@ -41,7 +41,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -181,13 +181,23 @@ def _lost(settings: Settings, exc: BaseException, doing: str) -> ToolError:
 # ---------------------------------------------------------------- containers of running calls
 
 _live_lock = threading.RLock()  # re-entrant: kill_all runs in a signal handler
-_live: dict[str, Settings] = {}
+_live: dict[str, tuple[Settings, int]] = {}  # container -> its settings, the calling thread
 
 
 def kill_all() -> int:
     """Remove (force) every container started by a call still running in this process."""
+    return _remove(lambda thread: True)
+
+
+def kill_containers_of(thread: int) -> int:
+    """Remove (force) the containers of the calls thread `thread` runs (its action's attempt
+    turned out stale: recovery/fencing.py)."""
+    return _remove(lambda owner: owner == thread)
+
+
+def _remove(which: Callable[[int], bool]) -> int:
     with _live_lock:
-        live = dict(_live)
+        live = {cid: settings for cid, (settings, thread) in _live.items() if which(thread)}
     removed = 0
     for container_id, settings in live.items():
         with contextlib.suppress(Exception):  # best effort: the process is going down
@@ -214,7 +224,7 @@ def _chain_kill_all() -> None:
 @contextlib.contextmanager
 def _registered(container_id: str, settings: Settings) -> Iterator[None]:
     with _live_lock:
-        _live[container_id] = settings
+        _live[container_id] = (settings, threading.get_ident())
     try:
         yield
     finally:

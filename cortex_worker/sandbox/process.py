@@ -91,7 +91,7 @@ class SandboxResult:
 # ---------------------------------------------------------------- live process groups
 
 _live_lock = threading.RLock()  # re-entrant: kill_all may run in a signal handler
-_live: set[int] = set()
+_live: dict[int, int] = {}  # pgid -> the thread that supervises it
 _shutdown_killed: set[int] = set()
 
 
@@ -106,6 +106,16 @@ def kill_all() -> int:
     with _live_lock:
         groups = list(_live)
         _shutdown_killed.update(groups)
+    for pgid in groups:
+        _kill_group(pgid)
+    return len(groups)
+
+
+def kill_groups_of(thread: int) -> int:
+    """SIGKILL the sandbox groups that thread `thread` supervises (its action's attempt turned
+    out stale: recovery/fencing.py); returns how many were signalled."""
+    with _live_lock:
+        groups = [pgid for pgid, owner in _live.items() if owner == thread]
     for pgid in groups:
         _kill_group(pgid)
     return len(groups)
@@ -331,7 +341,7 @@ def supervise(leader: Leader, *, stdin: bytes | None, started: float, timeout: f
     other processes to exit one after the other: its group is killed as at any end, its
     reaping is left to `leader.release()`, and its returncode is 0."""
     with _live_lock:
-        _live.add(leader.pid)
+        _live[leader.pid] = threading.get_ident()
     capture = _Capture(leader, stdin, started + timeout, max_output_bytes, finished)
     try:
         capture.run()
@@ -343,7 +353,7 @@ def supervise(leader: Leader, *, stdin: bytes | None, started: float, timeout: f
         else:
             returncode = leader.wait()
         with _live_lock:
-            _live.discard(leader.pid)
+            _live.pop(leader.pid, None)
             shutdown = leader.pid in _shutdown_killed
             _shutdown_killed.discard(leader.pid)
 

@@ -185,3 +185,43 @@ def test_a_chunk_writer_tells_the_turn_its_buffered_chunks_were_refused(store: S
         assert fencing.is_lost(job_id, old)
     assert not fencing.is_lost(job_id, old)  # forgotten once the turn's thread stops
     assert of(events(store, job_id), "thought_chunk") == []
+
+
+def test_a_stale_attempt_s_sandboxed_process_is_killed_and_its_outcome_dropped(
+        store: Store) -> None:
+    """The woken worker's heartbeat finds its attempt stale: the `python` tool's sandbox is
+    killed (not left to run its minute), and what it returns is refused."""
+    import threading
+
+    from cortex_worker.actions import executor
+    from cortex_worker.recovery.owners import owner
+    from cortex_worker.sandbox import process
+
+    job_id = f"fence-{uuid.uuid4().hex[:8]}"
+    store.create_job(job_id, {"kind": "document"}, ttl=600)
+    assert store.begin(job_id, []) == "started"
+    spec = {"id": "a", "type": "tool", "name": "python",
+            "parameters": {"code": "import time\ntime.sleep(600)"}}
+    store.register(job_id, [{"id": "a", "spec": json.dumps(spec), "deps": [], "after": [],
+                             "on_error": "fail"}], close=True)
+    outcome: list[str] = []
+    running = threading.Thread(target=lambda: outcome.append(
+        executor.execute(job_id, "a", spec, trigger=True)))
+    before = process.live_groups()
+    running.start()
+    try:
+        deadline = time.monotonic() + 60
+        while process.live_groups() == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert process.live_groups() != before, "the python tool never started"
+        assert store.redrive(job_id, "a", owner(), "worker died", 3)[0] == "send"
+        assert store.claim(job_id, "a", OTHER, 60.0)[:2] == ["run", 2]
+        assert fencing.check(store) == 1
+        running.join(60)
+        assert not running.is_alive() and outcome == ["stale"]
+    finally:
+        process.kill_all()
+        running.join(10)
+    action = store.actions(job_id)["a"]
+    assert action["status"] == "running" and action["result"] is None  # attempt 2's to record
+    assert of(events(store, job_id), "action_failed") == []
