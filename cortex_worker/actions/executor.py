@@ -186,12 +186,13 @@ def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, An
 
 
 def _stop_sandboxes(thread: int) -> None:
-    """A stale attempt stops at once: the sandboxed processes its thread runs are killed (its
-    outcome would be refused anyway)."""
-    from cortex_worker.sandbox import process  # not at import: the API never loads the sandbox
-
-    process.kill_groups_of(thread)
-    docker = sys.modules.get("cortex_worker.sandbox.docker")  # loaded if a container runs
+    """A stale attempt stops at once: the sandboxed processes and containers its thread runs
+    are killed (its outcome would be refused anyway). Each sandbox module is loaded once it
+    runs one (never in the API process): one not loaded has nothing to kill."""
+    process = sys.modules.get("cortex_worker.sandbox.process")
+    if process is not None:
+        process.kill_groups_of(thread)
+    docker = sys.modules.get("cortex_worker.sandbox.docker")
     if docker is not None:
         docker.kill_containers_of(thread)
 

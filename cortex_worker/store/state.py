@@ -21,6 +21,7 @@ from redis.retry import Retry
 from cortex_worker.errors import CortexError
 from cortex_worker.jobs.record import DEFAULT_TENANT, JobRecord, encode
 from cortex_worker.protocol.events import ACTION_TERMINAL, JOB_TERMINAL
+from cortex_worker.store.connect import sync_client
 from cortex_worker.store.keys import (
     ACTIVE_JOBS,
     DEFAULT_TTL_S,
@@ -201,11 +202,11 @@ class Store:
         # Ride out a Redis restart (or failover) of up to ~35 s: a command whose connection
         # fails is sent again after a backoff, instead of failing the task and losing the
         # result it was recording (redis-py's default gives up after well under a second).
+        # A Sentinel URL's client asks the sentinels for the master again on each new
+        # connection, so the retries also carry a command across a failover.
         retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), RECONNECT_RETRIES)
-        pool = redis.BlockingConnectionPool.from_url(
-            url, decode_responses=True, health_check_interval=30, retry=retry,
-            max_connections=MAX_CONNECTIONS, timeout=POOL_WAIT_S)
-        return cls(redis.Redis(connection_pool=pool))
+        return cls(sync_client(url, retry=retry, max_connections=MAX_CONNECTIONS,
+                               pool_timeout=POOL_WAIT_S))
 
     def _run(self, name: str, job_id: str, *args: Any, extra_keys: Sequence[str] = ()) -> Any:
         argv = [job_id, repr(time.time()), *args]
