@@ -40,7 +40,8 @@ AGENT_THREADS = 200
 
 class Quota(BaseModel):
     """A tenant's token budget (prompt and completion tokens of every model request of its
-    jobs), per UTC day and per month, and its cap on jobs running at once; None: no limit."""
+    jobs), per UTC day and per month, and its caps on jobs and on actions running at once;
+    None: no limit."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -49,6 +50,9 @@ class Quota(BaseModel):
     max_running_jobs: int | None = Field(
         default=None, gt=0, description="jobs of the tenant running at once (child jobs of "
         "its running jobs not counted); the others wait `queued`, in order")
+    max_actions_in_flight: int | None = Field(
+        default=None, gt=0, description="actions of the tenant's jobs running at once, on "
+        "every pool together; the others wait `queued` for a slot, in order")
 
 
 class Settings(BaseSettings):

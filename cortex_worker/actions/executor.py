@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, NoReturn, Protocol
 
-from cortex_worker.actions import dispatch
+from cortex_worker.actions import dispatch, fairness
 from cortex_worker.actions.call import Call, ChildJob, Deferred
 from cortex_worker.actions.table import ACTION_TYPES, runner_of
 from cortex_worker.errors import SubmitError
@@ -95,17 +95,22 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
             return "stop"  # the job has expired
     timeout = action_timeout(spec)
     lease = timeout + LEASE_GRACE_S
-    limit = ACTION_TYPES[spec["type"]].concurrency(get_registry(), spec["name"])
-    if limit is None:
+    caps = gates(job_id, spec)
+    if not caps:
         return _claim_and_run(store, job_id, action_id, spec, trigger, timeout, lease, again)
-    # max_concurrency: a slot first (nothing is claimed or logged while the action waits)
+    # capped (its tenant's actions in flight, its tool's max_concurrency): a slot of each
+    # first, or none (nothing is claimed or logged while the action waits in line)
     holder = f"{job_id}:{action_id}"
     waiting = {"job_id": job_id, "spec": spec} if trigger else None
-    if not store.take_slot(spec["name"], holder, limit, lease, waiting):
-        if again is not None:
-            again(1.0)  # a canvas step keeps its place in its chain (its task retries)
-        store.throttle(job_id, action_id)  # it is sent again when a slot frees
-        return "throttled"
+    taken: list[tuple[str, int]] = []
+    for gate, limit in caps:
+        if not store.take_slot(gate, holder, limit, lease, waiting):
+            _give_back(store, taken, holder)
+            if again is not None:
+                again(1.0)  # a canvas step keeps its place in its chain (its task retries)
+            store.throttle(job_id, action_id)  # it is sent again when a slot frees
+            return "throttled"
+        taken.append((gate, limit))
     state = ""
 
     def held_elsewhere(wait: float) -> NoReturn:
@@ -119,11 +124,30 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
                                held_elsewhere if again is not None else None)
         return state
     finally:
-        # "busy": another delivery of this action runs it, in the slot this one found its
-        # holder had (a redelivered task): that delivery gives it back when it ends
+        # "busy": another delivery of this action runs it, in the slots this one found its
+        # holder had (a redelivered task): that delivery gives them back when it ends
         if state != "busy":
-            for entry in store.give_slot(spec["name"], holder, limit):
-                dispatch.send(entry["job_id"], [entry["spec"]])
+            _give_back(store, taken, holder)
+
+
+def gates(job_id: str, spec: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """The caps on actions running at once that the action must take a slot of, in order:
+    its tenant's (`fairness.tenant_gate`), then its tool's `max_concurrency`."""
+    out: list[tuple[str, int]] = []
+    tenant = fairness.tenant_gate(job_id)
+    if tenant is not None:
+        out.append(tenant)
+    limit = ACTION_TYPES[spec["type"]].concurrency(get_registry(), spec["name"])
+    if limit is not None:
+        out.append((f"tool:{spec['name']}", limit))
+    return out
+
+
+def _give_back(store: Store, taken: list[tuple[str, int]], holder: str) -> None:
+    """Give back the slots `holder` took, and send the actions that waited for them."""
+    for gate, limit in reversed(taken):
+        for entry in store.give_slot(gate, holder, limit):
+            dispatch.send(entry["job_id"], [entry["spec"]])
 
 
 def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, Any],

@@ -27,8 +27,6 @@ import time
 from typing import Any
 
 from cortex_worker.actions import dispatch, executor
-from cortex_worker.actions.table import ACTION_TYPES
-from cortex_worker.handles import get_registry
 from cortex_worker.jobs import approvals
 from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.jobs.kinds import KINDS
@@ -189,15 +187,16 @@ class Reconciler:
         return value if outcome == "send" else None
 
     def _waits_for_slot(self, job_id: str, action_id: str, state: ActionState) -> bool:
-        """A queued action of a `max_concurrency` tool waits its turn while the tool's slots
-        are all taken (a freed slot sends it); with a slot free, its wake-up was lost."""
+        """A queued action that waits for a slot (its tool's `max_concurrency`, its tenant's
+        `max_actions_in_flight`) waits its turn while one of its caps is full (a freed slot
+        sends it); with a slot free in each, its wake-up was lost."""
         if state.throttled_at is None:
             return False
         spec = self.store.spec(job_id, action_id)
         if spec is None:
             return False
-        limit = ACTION_TYPES[spec["type"]].concurrency(get_registry(), spec["name"])
-        return limit is not None and self.store.slots_in_use(spec["name"]) >= limit
+        return any(self.store.slots_in_use(gate) >= limit
+                   for gate, limit in executor.gates(job_id, spec))
 
     def _warn(self, job_id: str, kind: str, message: str) -> None:
         log.warning("job %s: %s", job_id, message)

@@ -93,15 +93,12 @@ def wake_channel(owner: str) -> str:
     return f"{PREFIX}:wake:{owner}"
 
 
-def tool_slots_key(tool: str) -> str:
-    """Sorted set: the calls of a `max_concurrency` tool running now (`job:action` scored by
-    the end of its lease, so a dead worker's slot frees itself)."""
-    return f"{PREFIX}:tool:{tool}:slots"
-
-
-def tool_waiting_key(tool: str) -> str:
-    """List: the calls of a `max_concurrency` tool waiting for a slot (JSON: job_id, spec)."""
-    return f"{PREFIX}:tool:{tool}:waiting"
+def slot_keys(gate: str) -> tuple[str, str]:
+    """The keys of a cap on actions running at once (`gate`: `tool:<name>` for a tool's
+    `max_concurrency`, `tenant:<name>` for a tenant's `max_actions_in_flight`): a sorted set of
+    the actions running now (`job:action` scored by the end of its lease, so a dead worker's
+    slot frees itself), and a list of those waiting for a slot (JSON: job_id, spec)."""
+    return f"{PREFIX}:{gate}:slots", f"{PREFIX}:{gate}:waiting"
 
 
 class ModelKeys(NamedTuple):

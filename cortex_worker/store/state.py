@@ -33,10 +33,9 @@ from cortex_worker.store.keys import (
     job_keys,
     model_keys,
     session_key,
+    slot_keys,
     tenant_index,
     tenant_running_key,
-    tool_slots_key,
-    tool_waiting_key,
     usage_key,
 )
 
@@ -455,23 +454,23 @@ class Store:
             self.redis.hset(key, action_id, f"{holder}|{lease.rpartition('|')[2]}")
 
     # -- tools with max_concurrency -----------------------------------------------------------
-    def take_slot(self, tool: str, holder: str, limit: int, lease_s: float,
+    def take_slot(self, gate: str, holder: str, limit: int, lease_s: float,
                   waiting: dict[str, Any] | None) -> bool:
-        """Take one of the tool's `limit` slots for `holder` (for `lease_s` seconds); if none
-        is free, put `waiting` in line (sent again when a slot frees) and return False."""
+        """Take one of the gate's `limit` slots (`keys.slot_keys`) for `holder` (for `lease_s`
+        seconds); if none is free, put `waiting` in line (sent again when a slot frees) and
+        return False."""
         now = time.time()
-        keys = [tool_slots_key(tool), tool_waiting_key(tool)]
-        return bool(self._tool_scripts["slot_take"](keys=keys, args=[
+        return bool(self._tool_scripts["slot_take"](keys=list(slot_keys(gate)), args=[
             holder, repr(now), repr(now + lease_s), limit, dumps(waiting) if waiting else ""]))
 
-    def give_slot(self, tool: str, holder: str, limit: int) -> list[dict[str, Any]]:
+    def give_slot(self, gate: str, holder: str, limit: int) -> list[dict[str, Any]]:
         """Give back `holder`'s slot; returns the waiting calls to send now."""
-        keys = [tool_slots_key(tool), tool_waiting_key(tool)]
-        out = self._tool_scripts["slot_give"](keys=keys, args=[holder, repr(time.time()), limit])
+        out = self._tool_scripts["slot_give"](keys=list(slot_keys(gate)),
+                                              args=[holder, repr(time.time()), limit])
         return [json.loads(entry) for entry in out]
 
-    def slots_in_use(self, tool: str) -> int:
-        key = tool_slots_key(tool)
+    def slots_in_use(self, gate: str) -> int:
+        key = slot_keys(gate)[0]
         self.redis.zremrangebyscore(key, "-inf", time.time())
         return int(self.redis.zcard(key))
 

@@ -27,15 +27,15 @@ def test_a_second_delivery_leaves_the_slot_of_the_one_that_runs_the_action(
         assert broker.step() is not None, "the action was never sent"
     holder, owner = f"{job_id}:r0", "elsewhere:1"
     store.beat(owner, 60)  # the first delivery's process is alive
-    assert store.take_slot("rate_limited", holder, LIMIT, 60, None)
+    assert store.take_slot("tool:rate_limited", holder, LIMIT, 60, None)
     assert store.claim(job_id, "r0", owner, 60, [])[0] == "run"
 
     (second,) = broker.messages(dispatch.ACTION_TASK)
     broker.run(second)
 
-    assert store.slots_in_use("rate_limited") == 1  # still the first delivery's
+    assert store.slots_in_use("tool:rate_limited") == 1  # still the first delivery's
     assert status(store, job_id) == "running"
-    store.give_slot("rate_limited", holder, LIMIT)
+    store.give_slot("tool:rate_limited", holder, LIMIT)
 
 
 def test_calls_past_the_limit_wait_without_a_message_and_each_runs_once(
@@ -45,7 +45,7 @@ def test_calls_past_the_limit_wait_without_a_message_and_each_runs_once(
     line are sent one by one through it, never more at once than the limit."""
     elsewhere = [f"elsewhere:{i}" for i in range(LIMIT)]
     for holder in elsewhere:
-        assert store.take_slot("rate_limited", holder, LIMIT, 60, None)
+        assert store.take_slot("tool:rate_limited", holder, LIMIT, 60, None)
     doc = "".join(action(f"r{i}", "rate_limited", {"seconds": 0}) for i in range(4))
     job_id = lifecycle.submit_document(store, doc,
                                        options=JobOptions(canvas=False, max_parallel=100))
@@ -57,10 +57,10 @@ def test_calls_past_the_limit_wait_without_a_message_and_each_runs_once(
     assert status(store, job_id) == "running"
 
     # one call elsewhere ends and gives its slot back: the first call in line is sent
-    (first,) = store.give_slot("rate_limited", elsewhere[0], LIMIT)
+    (first,) = store.give_slot("tool:rate_limited", elsewhere[0], LIMIT)
     dispatch.send(first["job_id"], [first["spec"]])
     while broker.step() is not None:
-        assert store.slots_in_use("rate_limited") <= LIMIT
+        assert store.slots_in_use("tool:rate_limited") <= LIMIT
     assert status(store, job_id) == "completed"
     log = events(store, job_id)
     for i in range(4):  # each ran once, in the order it was in line
@@ -68,5 +68,5 @@ def test_calls_past_the_limit_wait_without_a_message_and_each_runs_once(
         assert one(log, "action_completed", f"r{i}")
     assert [e["data"]["action_id"] for e in of(log, "action_started")] == [
         f"r{i}" for i in range(4)]
-    assert store.slots_in_use("rate_limited") == 1  # the one still held elsewhere
-    assert store.give_slot("rate_limited", elsewhere[1], LIMIT) == []
+    assert store.slots_in_use("tool:rate_limited") == 1  # the one still held elsewhere
+    assert store.give_slot("tool:rate_limited", elsewhere[1], LIMIT) == []

@@ -83,3 +83,31 @@ def test_a_document_beyond_the_cap_waits_too(store: Store, broker: StubBroker) -
     broker.join()
     assert status(store, job_id) == "completed"
     assert store.redis.smembers(tenant_running_key("acme")) == set()
+
+
+def test_a_tenants_actions_beyond_its_cap_wait_for_a_slot_others_do_not(
+        store: Store, broker: StubBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`max_actions_in_flight`: acme's actions take a slot of the gate `tenant:acme` (as a
+    `max_concurrency` tool's do of its own); with every slot held, its action waits `queued`
+    (nothing claimed or logged) and is sent when one frees; globex's run meanwhile."""
+    from cortex_worker.actions import executor
+    from tests.engine.helpers import action
+
+    monkeypatch.setenv("CORTEX_QUOTAS", json.dumps({"acme": {"max_actions_in_flight": 1}}))
+    get_settings.cache_clear()
+    assert store.take_slot("tenant:acme", "elsewhere:x", 1, 60.0, None)  # another action runs
+    readiness = JobOptions(canvas=False)  # a canvas step waits in its chain instead (retries)
+    held = jobs.submit_document(store, action("a", "echo", {"message": "acme"}), tenant="acme",
+                                options=readiness)
+    free = jobs.submit_document(store, action("a", "echo", {"message": "globex"}),
+                                tenant="globex", options=readiness)
+    broker.join()
+    assert status(store, free) == "completed"
+    assert status(store, held) == "running"
+    assert store.action_status(held, "a") == "queued"
+    assert [e["type"] for e in events(store, held) if e["type"].startswith("action_")] == [
+        "action_parsed", "action_queued"]
+    executor._give_back(store, [("tenant:acme", 1)], "elsewhere:x")  # that action ended
+    broker.join()
+    assert status(store, held) == "completed"
+    assert store.slots_in_use("tenant:acme") == 0

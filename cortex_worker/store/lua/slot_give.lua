@@ -1,4 +1,4 @@
--- Give back a slot of a max_concurrency tool and take the waiting calls that may now run (see
+-- Give back a slot of a cap on actions running at once and take the waiting calls that may now run (see
 -- store.give_slot). KEYS as slot_take.lua. ARGV[1]: holder, [2]: now, [3]: limit.
 -- Returns the waiting entries to send (each still takes its slot when it runs).
 redis.call('ZREM', KEYS[1], ARGV[1])

@@ -1,5 +1,6 @@
--- Take a slot of a max_concurrency tool, or wait in line (see store.take_slot). No prelude:
--- these are the tool's keys, not a job's. KEYS[1]: slots (zset holder -> lease end),
+-- Take a slot of a cap on actions running at once (a tool's max_concurrency, a tenant's
+-- max_actions_in_flight), or wait in line (see store.take_slot). No prelude: these are the
+-- gate's keys, not a job's. KEYS[1]: slots (zset holder -> lease end),
 -- KEYS[2]: waiting (list). ARGV[1]: holder, [2]: now, [3]: lease end, [4]: limit, [5]: the
 -- waiting entry ('' : do not wait in line). Returns 1 if the slot was taken, 0 if not.
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])  -- slots of dead workers free up
