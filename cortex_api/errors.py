@@ -23,6 +23,7 @@ from starlette.requests import Request
 from cortex_api.limits import invalid_unicode
 from cortex_worker.errors import CortexError, QuotaExceededError, SubmitError
 from cortex_worker.manifests.loader import UnknownAgentError, UnknownWorkflowError
+from cortex_worker.store.connect import describe
 from cortex_worker.store.state import SessionBusy
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ async def redis_unavailable(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, ReadOnlyError):
         message = f"Redis is read-only (a replica): {exc}"
     else:
-        message = f"Redis is unavailable: {exc or type(exc).__name__}"
+        message = f"Redis is unavailable: {describe(exc)}"
     log.warning("%s %s: %s", request.method, request.url.path, message)
     return JSONResponse({"detail": {"message": message}}, status_code=503,
                         headers={"Retry-After": str(REDIS_RETRY_AFTER_S)})

@@ -12,6 +12,7 @@ from cortex_api.models import Readiness
 from cortex_worker.app import create_app
 from cortex_worker.pools import NAMES
 from cortex_worker.settings import Settings
+from cortex_worker.store.connect import describe
 
 DEFAULT_REQUIRED = ("agent", "tool")
 
@@ -79,7 +80,7 @@ class ReadinessProbe:
             await asyncio.wait_for(self._ping(), self.timeout)
         except Exception as exc:
             return Readiness(status="not_ready", redis=False, required=self.required,
-                             missing=self.required, error=f"redis: {exc or type(exc).__name__}")
+                             missing=self.required, error=f"redis: {describe(exc)}")
         error = None
         try:
             pools = await self._workers()

@@ -23,11 +23,13 @@ import redis
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from redis.asyncio.retry import Retry as AsyncRetry
+from redis.asyncio.sentinel import MasterNotFoundError as AsyncMasterNotFoundError
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+from redis.backoff import NoBackoff
 from redis.exceptions import NoPermissionError, ReadOnlyError
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 from cortex_worker.errors import CortexError
 
@@ -75,11 +77,16 @@ class SentinelTarget(BaseModel):
             kwargs["password"] = self.password.get_secret_value()
         return kwargs
 
-    def sentinel_kwargs(self) -> dict[str, Any]:
+    def sentinel_kwargs(self, retry: Retry | AsyncRetry | None = None) -> dict[str, Any]:
         """Connection options for the sentinels: short timeouts (a dead sentinel is skipped
-        for the next one) and Sentinel's own password."""
+        for the next one), Sentinel's own password, and `retry` if given: our clients ask each
+        sentinel once per look, since redis-py's default would retry a dead one ten times and
+        their own retries repeat the whole look (Celery's options hold no Retry: it must be
+        able to show them as JSON)."""
         kwargs: dict[str, Any] = {"socket_timeout": SENTINEL_TIMEOUT_S,
                                   "socket_connect_timeout": SENTINEL_TIMEOUT_S}
+        if retry is not None:
+            kwargs["retry"] = retry
         if self.sentinel_password is not None:
             kwargs["password"] = self.sentinel_password.get_secret_value()
         return kwargs
@@ -218,7 +225,8 @@ def sync_client(url: str, *, retry: Retry, max_connections: int, pool_timeout: f
         "socket_keepalive": True, "max_connections": max_connections, "timeout": pool_timeout}
     if isinstance(target, PlainTarget):
         return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
-    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=target.sentinel_kwargs())
+    sentinel = Sentinel(list(target.sentinels),
+                        sentinel_kwargs=target.sentinel_kwargs(Retry(NoBackoff(), 0)))
     client: redis.Redis = sentinel.master_for(
         target.master_name, connection_pool_class=_BlockingSentinelPool,
         **target.master_kwargs(), **options)
@@ -242,11 +250,21 @@ def async_client(url: str, *, retry: AsyncRetry, max_connections: int | None = N
         if max_connections is None:
             return aioredis.Redis.from_url(url, **options)
         return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(url, **options))
-    sentinel = AsyncSentinel(list(target.sentinels), sentinel_kwargs=target.sentinel_kwargs())
+    sentinel = AsyncSentinel(list(target.sentinels),
+                             sentinel_kwargs=target.sentinel_kwargs(AsyncRetry(NoBackoff(), 0)))
     pool_class = AsyncSentinelPool if max_connections is None else _AsyncBlockingSentinelPool
     client: aioredis.Redis = sentinel.master_for(
         target.master_name, connection_pool_class=pool_class, **target.master_kwargs(), **options)
     return client
+
+
+def describe(error: Exception) -> str:
+    """`error` in a line for a response or a log: redis-py's "No master found" lists the
+    repr of every sentinel's client after " : ", which says nothing more."""
+    text = str(error) or type(error).__name__
+    if isinstance(error, (MasterNotFoundError, AsyncMasterNotFoundError)):
+        return text.split(" : ", 1)[0] + " (no sentinel answered, or none names a master that is up)"
+    return text
 
 
 def read_only_reason(role: list[Any]) -> str | None:

@@ -16,7 +16,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError
 from redis.retry import Retry
-from redis.sentinel import SentinelConnectionPool
+from redis.sentinel import MasterNotFoundError, SentinelConnectionPool
 
 from cortex_api.app import create_app as create_api
 from cortex_api.readiness import ReadinessProbe
@@ -29,6 +29,7 @@ from cortex_worker.store.connect import (
     SentinelTarget,
     celery_backend_config,
     celery_broker_config,
+    describe,
     parse_url,
     read_only_reason,
     sync_client,
@@ -186,3 +187,11 @@ def test_readiness_names_a_read_only_redis() -> None:
         probe.close()
     assert (result.status, result.redis) == ("not_ready", False)
     assert result.error == "redis: Redis is read-only (a replica of 10.0.0.9:6379)"
+
+
+def test_no_master_found_is_one_line() -> None:
+    error = MasterNotFoundError("No master found for 'cortex' : <redis.client.Redis(...)> - "
+                                "ConnectionError")
+    assert describe(error) == ("No master found for 'cortex' (no sentinel answered, or none "
+                               "names a master that is up)")
+    assert describe(RedisConnectionError()) == "ConnectionError"
