@@ -26,12 +26,15 @@ from cortex_worker.manifests.loader import load_registry
 from cortex_worker.pools import NAMES as POOLS
 from cortex_worker.pools import lanes
 from cortex_worker.settings import Settings, hashed_key_entries
+from cortex_worker.store.connect import SentinelTarget, parse_url
 
 pytestmark = pytest.mark.unit
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S = DEPLOY / "k8s"
+K8S_SENTINEL = DEPLOY / "k8s-sentinel"
 COMPOSE = DEPLOY / "docker-compose.yml"
+COMPOSE_SENTINEL = DEPLOY / "docker-compose.sentinel.yml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 
 # --------------------------------------------------------------------------- schemas
@@ -184,8 +187,9 @@ def _pool_of(deployment: dict[str, Any]) -> str | None:
 
 
 def test_every_yaml_file_parses() -> None:
-    files = [COMPOSE, *sorted(K8S.glob("*.yaml"))]
-    assert len(files) >= 8
+    files = [COMPOSE, COMPOSE_SENTINEL, *sorted(K8S.glob("*.yaml")),
+             *sorted(K8S_SENTINEL.glob("*.yaml"))]
+    assert len(files) >= 11
     for path in files:
         _documents(path)
 
@@ -328,6 +332,90 @@ def test_redis_statefulset_uses_aof_on_a_volume() -> None:
     data = argv[argv.index("--dir") + 1]
     assert any(m["mountPath"] == data for m in container["volumeMounts"])
     assert redis["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+
+
+# --------------------------------------------------------------------------- Sentinel
+
+
+def _sentinel_overlay() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The overlay's kustomization and its own objects."""
+    kustomization = _documents(K8S_SENTINEL / "kustomization.yaml")[0]
+    own = [doc for name in kustomization["resources"] if name != "../k8s"
+           for doc in _documents(K8S_SENTINEL / name)]
+    return kustomization, own
+
+
+def _patched_secret(kustomization: dict[str, Any]) -> dict[str, str]:
+    patches = [yaml.safe_load(p["patch"]) for p in kustomization["patches"]]
+    secret = next(p for p in patches if p["kind"] == "Secret" and "$patch" not in p)
+    return secret["stringData"]
+
+
+def test_the_sentinel_overlay_replaces_the_single_redis() -> None:
+    """deploy/k8s-sentinel: the base without its Redis, plus two nodes and three sentinels,
+    and a Secret whose URL names those sentinels and the master they monitor."""
+    kustomization, own = _sentinel_overlay()
+    assert kustomization["resources"][0] == "../k8s"
+    assert {p.name for p in K8S_SENTINEL.glob("*.yaml")} - {"kustomization.yaml"} == set(
+        kustomization["resources"][1:])
+    for obj in own:
+        jsonschema.validate(obj, SCHEMAS[obj["kind"]])
+    deleted = {(p["kind"], p["metadata"]["name"]) for p in
+               (yaml.safe_load(x["patch"]) for x in kustomization["patches"]) if "$patch" in p}
+    base = {(o["kind"], o["metadata"]["name"]) for o in _k8s_objects()}
+    assert deleted == {("StatefulSet", "cortex-redis"), ("Service", "cortex-redis")} and deleted <= base
+    names = [(o["kind"], o["metadata"]["name"]) for o in own]
+    assert not set(names) & (base - deleted), "an overlay object has a base object's name"
+
+    secret = _patched_secret(kustomization)
+    target = parse_url(secret["redis-url"])
+    assert isinstance(target, SentinelTarget)
+    sets = _by_kind(own, "StatefulSet")
+    sentinels = sets["cortex-sentinel"]
+    assert sentinels["spec"]["replicas"] == len(target.sentinels) == 3
+    service = sentinels["spec"]["serviceName"]
+    assert {host for host, _ in target.sentinels} == {
+        f"cortex-sentinel-{i}.{service}" for i in range(3)}
+    assert {port for _, port in target.sentinels} == {26379}
+    scripts = _by_kind(own, "ConfigMap")["cortex-redis-ha-scripts"]["data"]
+    assert f"sentinel monitor {target.master_name} $master 6379 2" in scripts["sentinel.sh"]
+    assert sets["cortex-redis-ha"]["spec"]["replicas"] == 2
+    # KEDA reads the queues through a Service of the overlay.
+    host = secret["redis-address"].rsplit(":", 1)[0]
+    assert host in _by_kind(own, "Service")
+
+
+def test_kustomize_builds_the_sentinel_overlay() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    done = subprocess.run([kubectl, "kustomize", str(K8S_SENTINEL)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    built = [d for d in yaml.safe_load_all(done.stdout) if d]
+    names = {(o["kind"], o["metadata"]["name"]) for o in built}
+    assert ("StatefulSet", "cortex-redis") not in names
+    assert {("StatefulSet", "cortex-redis-ha"), ("StatefulSet", "cortex-sentinel")} <= names
+    secret = _by_kind(built, "Secret")["cortex-secrets"]["stringData"]
+    assert secret["redis-url"].startswith("redis+sentinel://")
+
+
+def test_the_sentinel_compose_file_points_every_process_at_the_sentinels() -> None:
+    base = _compose()["services"]
+    override = _documents(COMPOSE_SENTINEL)[0]["services"]
+    cortex = {name for name, service in base.items()
+              if "CORTEX_REDIS_URL" in service.get("environment", {})}
+    assert cortex >= {"api", "flower", *(f"worker-{p}" for p in POOLS)}
+    urls = {override[name]["environment"]["CORTEX_REDIS_URL"] for name in cortex}
+    assert len(urls) == 1
+    target = parse_url(urls.pop())
+    assert isinstance(target, SentinelTarget)
+    for host, port in target.sentinels:
+        assert host in override and port == 26379, host
+        assert f"sentinel monitor {target.master_name} redis 6379 2" in "".join(
+            override[host]["command"])
+    replica = override["redis-replica"]["command"]
+    assert replica[replica.index("--replicaof") + 1] == "redis"
 
 
 # --------------------------------------------------------------------------- compose
