@@ -61,7 +61,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fake_llm import FakeLLM, RateLimit, _Admission, _Dropped, _Handler, _rfc3339, _tokens
+from tests.fake_llm import (
+    FakeLLM,
+    RateLimit,
+    _Admission,
+    _Dropped,
+    _Handler,
+    _rfc3339,
+    _tokens,
+    continued,
+)
 
 __all__ = ["ERROR_TYPES", "FakeAnthropic", "RateLimit", "Turn"]
 
@@ -156,7 +165,7 @@ class FakeAnthropic(FakeLLM):
             turn = turns.pop(0) if take and turns else None
         if take and turn is None:
             turn = self._default_turn(model, body)
-        return index, turn
+        return index, continued(turn, body)
 
     def _sent(self, model: str, index: int, payload: dict[str, Any]) -> None:
         with self._lock:

@@ -67,7 +67,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
@@ -425,7 +425,8 @@ class FakeLLM:
             index = self._new_request(model, body, headers, "streaming")
             turns = self._turns.get(model)
             turn = turns.pop(0) if turns else None
-        return index, (turn if turn is not None else self._default_turn(model, body))
+        return index, continued(turn if turn is not None else self._default_turn(model, body),
+                                body)
 
     def _default_turn(self, model: str, body: dict[str, Any]) -> Any:
         with self._lock:
@@ -502,6 +503,21 @@ class FakeLLM:
         while not release.wait(0.05) and time.monotonic() < deadline:
             if self._closing.is_set():
                 raise ConnectionAbortedError("FakeLLM closed")
+
+
+def continued(turn: Any, body: dict[str, Any]) -> Any:
+    """A request whose last message is the assistant's asks to continue it (llama.cpp's and
+    Anthropic's prefill, vLLM's `continue_final_message`): the scripted answer goes on after
+    that text, if it starts with it (a turn taken over mid-answer asks for the same turn)."""
+    messages = body.get("messages") or []
+    if turn is None or not messages or messages[-1].get("role") != "assistant":
+        return turn
+    content = messages[-1].get("content") or ""
+    prefix = content if isinstance(content, str) else "".join(
+        block.get("text", "") for block in content if isinstance(block, dict))
+    if prefix and turn.text.startswith(prefix):
+        return replace(turn, text=turn.text[len(prefix):])
+    return turn
 
 
 def _tokens(chars: int) -> int:

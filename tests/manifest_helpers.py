@@ -15,6 +15,7 @@ TEST_MANIFESTS = REPO_ROOT / "tests" / "manifests"
 EXAMPLE_MANIFESTS = REPO_ROOT / "examples" / "manifests"
 TEST_AGENTS = sorted([
     "analyzer", "blocked", "cautious", "claude_tester", "clock", "comprehensive_analyzer",
+    "continuer",
     "correlation_analyzer", "data_analyzer", "error_analyzer", "feed_lab", "feeder", "hasty",
     "helper", "llm_feeder", "native", "native_clock", "pattern_analyzer", "retrier", "shallow",
     "tester"])

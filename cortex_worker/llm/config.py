@@ -27,7 +27,7 @@ _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 PROVIDER_DEFAULTS: dict[str, dict[str, str]] = {
     "anthropic": {"base_url": "https://api.anthropic.com/v1", "model": "claude-sonnet-4-6",
-                  "api_key_env": "ANTHROPIC_API_KEY"},
+                  "api_key_env": "ANTHROPIC_API_KEY", "continuation": "prefill"},
 }
 """Defaults that differ by provider (the field defaults are OpenAI's)."""
 
@@ -74,6 +74,13 @@ class ModelConfig(BaseModel):
         description="constrain decoding to the protocol with a grammar generated from the "
                     "agent's manifest (cortex_worker.llm.grammar): gbnf for llama.cpp, lark or "
                     "ebnf for vLLM / SGLang, structural_tag for XGrammar; off by default")
+    continuation: Literal["prefill", "continue_final_message"] | None = Field(
+        default=None,
+        description="how the endpoint continues a partial answer, so a turn taken over from a "
+        "coordinator that stopped goes on from the text already streamed instead of starting "
+        "again: prefill (a last assistant message is continued: Anthropic, the default there; "
+        "llama.cpp's server), continue_final_message (vLLM, SGLang); None: generated again. "
+        "Protocol turns only (not native tool calls, not with a grammar)")
     limits: ModelLimits | None = Field(
         default=None, description="the provider's limits, shared by the cluster; without them "
         "a 429's reset still pauses every worker's requests to the endpoint")

@@ -60,6 +60,8 @@ class JobKeys(NamedTuple):
     timings: str  # hash: `t|<id>` type, `q|<id>` when queued (built by the scripts: prelude.lua)
     approvals: str  # hash: action id -> approval record JSON (approvals.py)
     usage: str  # hash: `<endpoint>|prompt_tokens` / `|completion_tokens` / `|requests` -> count
+    partial: str  # string: the text the turn in progress has streamed (built by the scripts:
+    #               prelude.lua), kept where its model can continue it (`continuation`)
 
 
 _SUFFIXES = {"awaiting": "await", "timings": "tm"}  # a field named as the key is, where that is a keyword

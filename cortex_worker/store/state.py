@@ -245,7 +245,8 @@ class Store:
                                              job_id)
                     if events:  # by its digest: a script object would check it first, apart
                         pipe.evalsha(emit.sha, SCRIPT_KEYS, *job_keys(job_id)[:SCRIPT_KEYS],
-                                     job_id, repr(now), "0", "", *_event_args(events))
+                                     job_id, repr(now), "0", "", "",
+                                     *_event_args(events))
                     pipe.execute()
                     logged = True
                     break
@@ -669,33 +670,38 @@ class Store:
 
     # -- events ---------------------------------------------------------------------------
     def emit(self, job_id: str, events: Sequence[tuple[str, dict[str, Any]]], *,
-             live: bool = False, fence: int | None = None) -> int:
+             live: bool = False, fence: int | None = None, streamed: str = "") -> int:
         """Append events to the job's log; returns the last seq. `live`: only if the job has
         not ended (0 is returned then): a turn's output never follows `job_cancelled`.
-        `fence`: the writing turn's; Fenced if it is stale."""
+        `fence`: the writing turn's; Fenced if it is stale. `streamed`: the model's text these
+        events came from, kept as the turn's partial answer (`partial`)."""
         args = _event_args(events)
-        if not args:
+        if not args and not streamed:
             return 0
-        seq = int(self._run("emit", job_id, "1" if live else "0", _fence(fence), *args))
+        seq = int(self._run("emit", job_id, "1" if live else "0", _fence(fence), streamed,
+                            *args))
         if seq < 0:
             raise Fenced("events", job_id, f"turn fence {fence}")
         return seq
 
     def emit_many(self, batches: Mapping[tuple[str, int | None],
                                          Sequence[tuple[str, dict[str, Any]]]], *,
-                  live: bool = False) -> list[tuple[str, int | None]]:
+                  live: bool = False, streamed: Mapping[tuple[str, int | None], str] | None = None
+                  ) -> list[tuple[str, int | None]]:
         """`emit` for several jobs in one round trip (a pipeline; each job's events atomic),
-        keyed by (job id, the writing turn's fence); returns the keys whose fence was stale
-        (their events were not logged)."""
+        keyed by (job id, the writing turn's fence), with `streamed` text by the same keys;
+        returns the keys whose fence was stale (nothing of theirs was written)."""
         pipe = self.redis.pipeline(transaction=False)
         now = repr(time.time())
         sent: list[tuple[str, int | None]] = []
-        for (job_id, fence), events in batches.items():
-            args = _event_args(events)
-            if args:
+        for key in {**batches, **(streamed or {})}:
+            job_id, fence = key
+            args = _event_args(batches.get(key, ()))
+            text = (streamed or {}).get(key, "")
+            if args or text:
                 self._scripts["emit"](keys=job_keys(job_id)[:SCRIPT_KEYS], client=pipe,
                                       args=[job_id, now, "1" if live else "0", _fence(fence),
-                                            *args])
+                                            text, *args])
                 sent.append((job_id, fence))
         return [key for key, seq in zip(sent, pipe.execute(), strict=True) if int(seq) < 0]
 
@@ -857,6 +863,11 @@ class Store:
             return {}
         values = self.redis.hmget(job_keys(job_id).result, list(action_ids))
         return {a: json.loads(v) for a, v in zip(action_ids, values, strict=True) if v is not None}
+
+    def partial(self, job_id: str) -> str:
+        """The text the job's turn in progress has streamed so far (kept for a model that can
+        continue it: `ModelConfig.continuation`)."""
+        return self.redis.get(job_keys(job_id).partial) or ""
 
     def conversation(self, job_id: str) -> list[dict[str, Any]]:
         return [json.loads(m) for m in self.redis.lrange(job_keys(job_id).conversation, 0, -1)]

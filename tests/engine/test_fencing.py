@@ -10,10 +10,16 @@ import uuid
 
 import pytest
 
+from cortex_worker.actions import dispatch
+from cortex_worker.jobs import lifecycle as jobs
+from cortex_worker.jobs.options import JobOptions
+from cortex_worker.jobs.turns import loop as coordinator
 from cortex_worker.observability.metrics import CortexCollector
 from cortex_worker.recovery import fencing
 from cortex_worker.store.state import Fenced, Store
-from tests.engine.helpers import events, of
+from cortex_worker.testing import StubBroker
+from tests.engine.helpers import events, of, one, status
+from tests.fake_llm import FakeLLM, Turn
 
 PAUSED = "host-a:101"  # the holder that was paused
 OTHER = "host-b:202"  # the one that took over
@@ -225,3 +231,76 @@ def test_a_stale_attempt_s_sandboxed_process_is_killed_and_its_outcome_dropped(
     action = store.actions(job_id)["a"]
     assert action["status"] == "running" and action["result"] is None  # attempt 2's to record
     assert of(events(store, job_id), "action_failed") == []
+
+
+GONE = "gone-host:77"  # a coordinator of another host that stopped beating: dead
+
+
+def _stopped_mid_answer(store: Store, agent: str, model: str, streamed: str,
+                        logged: str) -> str:
+    """An agent job (on `model`) whose turn 1 a coordinator (GONE) began and streamed
+    `streamed` of (with `logged` as its thought chunk), then stopped: its turn task is due."""
+    job_id = jobs.submit_agent(store, agent, "Go.", options=JobOptions(model=model))
+    resumed = store.resume(job_id, GONE, 30.0, start=coordinator.FIRST_TURN)
+    assert resumed is not None and resumed.inputs is not None and resumed.inputs.begun
+    fence = resumed.job.turn_fence
+    store.emit(job_id, [("thought_chunk", {"text": logged})], live=True, fence=fence,
+               streamed=streamed)
+    return job_id
+
+
+def test_a_turn_taken_over_goes_on_from_the_answer_already_streamed(
+        store: Store, broker: StubBroker, llm: FakeLLM) -> None:
+    """With `continuation`, the new coordinator sends the partial answer as a prefill and
+    logs only what follows: a client joining the thought chunks reads each word once."""
+    thought = "<thought>Thinking with care about the question.</thought>"
+    answer = '<response final="true">42</response>'
+    model = f"continuer-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [Turn(text=thought + answer, tokens_per_second=5000)])
+    job_id = _stopped_mid_answer(store, "continuer", model, "<thought>Thinking with ",
+                                 "Thinking with ")
+    dispatch.agent_turn(job_id)
+    broker.join()
+
+    assert status(store, job_id) == "completed"
+    log = events(store, job_id)
+    warning = one(log, "warning")
+    assert warning["kind"] == "turn_restarted" and warning["continued"] is True
+    thinking = "".join(e["data"]["text"] for e in of(log, "thought_chunk"))
+    assert thinking == "Thinking with care about the question."
+    (request,) = llm.requests(model)
+    assert request["messages"][-1] == {"role": "assistant", "content": "<thought>Thinking with"}
+    assert store.conversation(job_id)[-1] == {"role": "assistant", "content": thought + answer}
+    assert log[-1]["type"] == "job_completed" and log[-1]["data"]["result"] == "42"
+
+
+def test_a_partial_answer_whose_action_was_registered_is_not_registered_again(
+        store: Store, broker: StubBroker, llm: FakeLLM) -> None:
+    """The stopped coordinator had parsed and registered a sync action: the continuation
+    replays it (no second registration, no second run) and the turn ends at it."""
+    act = '<action type="tool" mode="sync" id="calc">{"name": "calculator", ' \
+          '"parameters": {"expression": "6 * 7"}}</action>'
+    model = f"continuer-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [Turn(text='<response final="true">42</response>', tokens_per_second=5000)])
+    job_id = _stopped_mid_answer(store, "continuer", model, act + "\n", "")
+    dispatch.agent_turn(job_id)
+    broker.join()
+    assert status(store, job_id) == "completed"
+    log = events(store, job_id)
+    assert len(of(log, "action_started", "calc")) == 1
+    assert one(log, "action_completed", "calc")["result"] == 42
+    assert len(llm.requests(model)) == 1  # the turn ended at its sync action: no stream
+    assert log[-1]["data"]["result"] == "42"
+
+
+def test_a_turn_taken_over_without_continuation_is_generated_again_and_says_so(
+        store: Store, broker: StubBroker, llm: FakeLLM) -> None:
+    model = f"tester-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [Turn(text='<response final="true">done</response>', tokens_per_second=5000)])
+    job_id = _stopped_mid_answer(store, "tester", model, "<thought>Half", "Half")
+    dispatch.agent_turn(job_id)
+    broker.join()
+    assert status(store, job_id) == "completed"
+    warning = one(events(store, job_id), "warning")
+    assert warning["continued"] is False and "generated again" in warning["message"]
+    assert llm.requests(model)[-1]["messages"][-1]["role"] == "user"

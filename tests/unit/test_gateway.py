@@ -618,3 +618,25 @@ def test_repairable_raw_arguments_are_repaired_like_textual_actions() -> None:
     assert [e.data["kind"] for e in events if e.type == p.WARNING] == ["repaired_json"]
     (parsed,) = [e for e in events if e.type == p.ACTION_PARSED]
     assert parsed.data["action"].parameters == {"message": "hi"}
+
+
+def test_a_continued_answer_asks_vllm_to_continue_its_final_message() -> None:
+    """`continuation: continue_final_message` (vLLM, SGLang) sends its two fields when the last
+    message is the partial answer; `prefill` (llama.cpp, Anthropic) needs none; neither when
+    the last message is the user's."""
+    from cortex_worker.llm import anthropic
+    from cortex_worker.llm.gateway import _request_body
+
+    partial = [{"role": "user", "content": "Go."},
+               {"role": "assistant", "content": "<thought>Thinking with"}]
+    vllm = ModelConfig(model="m", continuation="continue_final_message")
+    body = _request_body(vllm, partial, None)
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    assert "continue_final_message" not in _request_body(vllm, partial[:1], None)
+    assert "continue_final_message" not in _request_body(
+        ModelConfig(model="m", continuation="prefill"), partial, None)
+    claude = ModelConfig(provider="anthropic")
+    assert claude.continuation == "prefill"  # Anthropic continues a last assistant message
+    request = anthropic.to_messages_request(partial)
+    assert request["messages"][-1] == {"role": "assistant", "content": [
+        {"type": "text", "text": "<thought>Thinking with"}]}

@@ -114,18 +114,14 @@ def run_turns(store: Store, job_id: str) -> None:
         turn, job, restarted = resumed.turn, resumed.job, resumed.restarted
         fence = job.turn_fence
         phase = job.turn_phase if restarted else "resumed"
-        if restarted and phase != "yielded":  # handed back (`_hand_back`), not taken over
-            log.warning("job %s: taking over turn %s (phase %s) from %s", job_id, turn, phase,
-                        job.turn_owner)
-            store.emit(job_id, [(EventType.warning, {
-                "kind": "turn_restarted", "turn": turn,
-                "message": f"turn {turn} was taken over from a coordinator that stopped; "
-                           "events of this turn already sent may repeat"})], fence=fence)
         try:
             agent = get_registry().agent(job.agent or "")
         except Exception as exc:
             end_job(store, job_id, "failed", error=str(exc), turns=turn - 1, fence=fence)
             return
+        partial = ""
+        if restarted and phase != "yielded":  # handed back (`_hand_back`), not taken over
+            partial = _taken_over(store, job_id, job, agent, turn, phase)
         try:
             closing: Closing = ([], {})
             if phase == "resumed" and resumed.inputs is None:
@@ -142,7 +138,8 @@ def run_turns(store: Store, job_id: str) -> None:
                             fencing.turn(job_id, fence):
                         turn_state = _generate(store, job_id, job, agent, turn,
                                                resumed.finished, closing, pushed, slot,
-                                               restarted=restarted, inputs=resumed.inputs)
+                                               restarted=restarted, inputs=resumed.inputs,
+                                               partial=partial)
                     if turn_state is None:
                         return
                     drained = turn_state.drained
@@ -175,6 +172,39 @@ def run_turns(store: Store, job_id: str) -> None:
             end_job(store, job_id, "failed", turns=turn, fence=fence,
                     error=f"internal error in turn {turn}: {type(exc).__name__}: {exc}")
             return
+
+
+def _taken_over(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
+                phase: str) -> str:
+    """Say that the turn was taken over, and how it goes on; returns the partial answer to
+    continue from ("" if it is generated again)."""
+    log.warning("job %s: taking over turn %s (phase %s) from %s", job_id, turn, phase,
+                job.turn_owner)
+    model = KINDS["agent"].model(job) or agent.model
+    partial = store.partial(job_id) if phase == "generating" and _continues(agent, model) else ""
+    if partial:
+        how = (f"it goes on from the {len(partial)} characters already streamed (the model "
+               f"continues its partial answer: {model.continuation})")
+    elif phase == "generated":
+        how = "its answer was complete; its plan is closed now"
+    else:
+        how = ("it is generated again, so events of this turn already sent may repeat"
+               + ("" if _continues(agent, model) else
+                  " (set the model's `continuation` where its endpoint can continue a partial "
+                  "answer)"))
+    store.emit(job_id, [(EventType.warning, {
+        "kind": "turn_restarted", "turn": turn, "continued": bool(partial),
+        "message": f"turn {turn} was taken over from a coordinator that stopped; {how}"})],
+        fence=job.turn_fence)
+    return partial
+
+
+def _continues(agent: AgentSpec, model: ModelConfig) -> bool:
+    """Whether a partial answer of this agent's turns can be continued: its endpoint says how
+    (`continuation`), and the answer is protocol text (not native tool calls, which cannot be
+    prefilled; not constrained by a grammar, whose state a prefill would not restore)."""
+    return (model.continuation is not None and not agent.model.native_tools
+            and model.grammar is None)
 
 
 def _hand_back(store: Store, job_id: str, turn: int, fence: int, busy: limits.ModelBusy) -> None:
@@ -319,9 +349,12 @@ def model_caller(store: Store, job_id: str, job: JobRecord, agent: AgentSpec,
 
 def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: int,
               finished: list[str], closing: Closing, pushed: Watch, slot: WaitSlot,
-              restarted: bool = False, inputs: TurnInputs | None = None) -> Turn | None:
+              restarted: bool = False, inputs: TurnInputs | None = None,
+              partial: str = "") -> Turn | None:
     """Generate one turn; `inputs`: its start, if `resume` made it already (`TurnStart`).
-    Every write carries the turn's fence (`job.turn_fence`)."""
+    Every write carries the turn's fence (`job.turn_fence`). `partial`: the answer a
+    coordinator that stopped had streamed, which this one continues (`_taken_over`); a stream
+    that breaks mid-answer is continued the same way where the model can."""
     fence = job.turn_fence
     if inputs is None:
         begin: list[tuple[str, dict[str, Any]]] = []
@@ -340,16 +373,23 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     model = KINDS["agent"].model(job) or agent.model
     grammar = _grammar(agent, model)
     depth = job.depth
+    continues = _continues(agent, model)
     with limits.calling(model_caller(store, job_id, job, agent, fence)):
         for restart in range(TURN_RESTARTS + 1):
             reading = Reading(store, job_id, job, agent, planner, depth, model, names, pushed.ended,
-                              retaken=restarted, fence=fence)
+                              retaken=restarted or bool(partial), fence=fence,
+                              keep_streamed=continues)
             state = reading.state
+            request = messages
+            if partial:  # go on from the answer streamed so far, as logged
+                request = [*messages, {"role": "assistant", "content": reading.replay(partial)}]
             # ended before the stream opened? (just seen not to have, if this turn began now)
             if (restart or restarted) and _stop_reason(store, job_id, agent, job, fence):
                 state.ended = True
                 break
-            stream = open_stream(model, messages, tools=tools, base_dir=get_settings().manifests,
+            if state.stopped_at is not None or state.ended or state.limit is not None:
+                break  # the partial answer stops here already (a sync action, a limit)
+            stream = open_stream(model, request, tools=tools, base_dir=get_settings().manifests,
                                  grammar=grammar, take=reading.take)
             try:
                 for events in stream:  # only when this thread has something to do
@@ -369,9 +409,12 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
                 # a stream that broke after output arrived restarts the turn, TURN_RESTARTS times.
                 if reading.deltas and exc.retryable and state.actions == 0 and restart < TURN_RESTARTS:
                     flush(store, job_id, state)
+                    if continues:
+                        partial = "".join(reading.text)
                     store.emit(job_id, [(EventType.warning, {
-                        "kind": "model_retry",
-                        "message": f"the model stream broke ({exc}); turn restarted"})],
+                        "kind": "model_retry", "continued": continues,
+                        "message": f"the model stream broke ({exc}); turn " + (
+                            "continued from the text streamed" if continues else "restarted")})],
                         live=True, fence=fence)
                     continue
                 if restart:

@@ -55,6 +55,8 @@ class Turn:
     retaken: bool = False  # the turn was taken over: its dead coordinator may have registered
     #                        some of its actions already
     fence: int | None = None  # the turn's fencing number: every write of the turn carries it
+    streamed: list[str] = field(default_factory=list)  # model text not yet kept as `partial`
+    replaying: bool = False  # taking over a partial answer: its events were logged already
 
 
 class Reading:
@@ -65,10 +67,13 @@ class Reading:
 
     def __init__(self, store: Store, job_id: str, job: JobRecord, agent: AgentSpec,
                  planner: StreamPlanner, depth: int, model: ModelConfig, names: dict[str, str],
-                 job_ended: threading.Event, retaken: bool, fence: int | None) -> None:
+                 job_ended: threading.Event, retaken: bool, fence: int | None,
+                 keep_streamed: bool = False) -> None:
         self.store, self.job_id, self.agent, self.planner = store, job_id, agent, planner
         self.depth, self.model, self.names, self.job_ended = depth, model, names, job_ended
         self.state = Turn(retaken=retaken, fence=fence)
+        self.keep_streamed = keep_streamed  # the model can continue it: keep it as `partial`
+        self.skip = ""  # whitespace the continued answer already ends with (not prefilled)
         self.parser = p.StreamParser(known_ids=set(planner.ids),
                                      first_action_number=len(planner.ids) + 1)
         self.text: list[str] = []
@@ -102,11 +107,43 @@ class Reading:
                 piece, name=self.names.get(piece.name, piece.name)))
             self.state.native.append((piece, chunk))  # as the model wrote it
         else:
-            chunk = piece.text
+            chunk = self._unskipped(piece.text)
+            if not chunk:
+                return None
+            if self.keep_streamed:
+                self.state.streamed.append(chunk)
         self.text.append(chunk)
         rest = handle(self.store, self.job_id, self.agent, self.planner,
                        self.parser.feed(chunk), self.state, self.depth, self.model, here=False)
         return [] if rest is None and time.monotonic() >= self.check_at else rest
+
+    def replay(self, partial: str) -> str:
+        """Take over a turn from its partial answer (what the coordinator that stopped had
+        streamed and logged): feed it through the parser as if streamed, logging nothing again
+        and registering only the actions the other had not (`start_action`). Returns the
+        prefill that continues it: without trailing whitespace (Anthropic refuses it), which
+        the continuation's first piece may then repeat (`skip`)."""
+        self.text.append(partial)
+        self.state.replaying = True
+        try:
+            handle(self.store, self.job_id, self.agent, self.planner, self.parser.feed(partial),
+                   self.state, self.depth, self.model)
+        finally:
+            self.state.replaying = False
+            self.state.batch, self.state.streamed = [], []
+        prefill = partial.rstrip()
+        self.skip = partial[len(prefill):]
+        return prefill
+
+    def _unskipped(self, text: str) -> str:
+        """`text` without the whitespace the partial answer already had (`replay`)."""
+        if not self.skip:
+            return text
+        same = 0
+        while same < min(len(text), len(self.skip)) and text[same] == self.skip[same]:
+            same += 1
+        self.skip = self.skip[same:] if same == len(text) else ""
+        return text[same:]
 
 
 def handle(store: Store, job_id: str, agent: AgentSpec, planner: StreamPlanner,
@@ -156,12 +193,16 @@ def flush(store: Store, job_id: str, state: Turn, *, force: bool = True) -> None
     """Log the buffered events: now (`force`), or text chunks within FLUSH_S, together with
     every other turn's of this process (one Redis call per token, or per stream every
     FLUSH_S, would cost a worker more CPU than reading the streams)."""
+    if state.replaying:  # logged by the coordinator that streamed it
+        state.batch, state.streamed = [], []
+        return
     writer = chunk_writer(store)
+    streamed = "".join(state.streamed)
     if force:  # after the job's pending chunks; not past its end, nor past the turn's lease
-        writer.flush(job_id, state.batch, state.fence)
+        writer.flush(job_id, state.batch, state.fence, streamed)
     else:
-        writer.add(job_id, state.batch, state.fence)
-    state.batch = []
+        writer.add(job_id, state.batch, state.fence, streamed)
+    state.batch, state.streamed = [], []
 
 
 @cache

@@ -47,6 +47,7 @@ local function enc_id(id) return cjson.encode(id) end
 local M_COUNTERS, M_DISPATCH, M_DURATION = 'cx:metrics', 'cx:metrics:hist:dispatch',
                                            'cx:metrics:hist:duration'
 local K_TM = 'cx:{' .. JOB .. '}:tm'
+local K_PARTIAL = 'cx:{' .. JOB .. '}:partial'  -- keys.JobKeys.partial
 -- Fencing (recovery/fencing.py). Every lease carries a number that only grows: a turn's
 -- `turn_fence` in the job record (resume.lua takes the next one as it grants a turn), an
 -- action's attempt (claim.lua). Its holder passes its number with each write; a write whose

@@ -69,6 +69,7 @@ local out = {turn, 0}
 local ids = redis.call('LRANGE', K_INBOX, 0, -1)
 redis.call('DEL', K_INBOX)
 redis.call('HINCRBY', K_JOB, 'turn_fence', 1)
+redis.call('DEL', K_PARTIAL)  -- a new turn: nothing streamed yet (a takeover keeps it)
 if owner ~= '' then
   redis.call('HSET', K_JOB, 'turn_owner', owner, 'turn_lease', tostring(tonumber(NOW) + lease),
              'turn_phase', 'resumed', 'turn_inbox', #ids > 0 and cjson.encode(ids) or '[]')

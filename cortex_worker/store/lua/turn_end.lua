@@ -24,6 +24,7 @@ if not ended then
   for i = 8 + n + m, #ARGV, 2 do emit(ARGV[i], ARGV[i + 1]) end
 end
 set_fields(ARGV[3])
+redis.call('DEL', K_PARTIAL)  -- the turn's whole answer is in the conversation now
 redis.call('HDEL', K_JOB, 'turn_waiter')
 if job_ended() then return 0 end
 redis.call('HSET', K_JOB, 'closed', '1')
