@@ -46,7 +46,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = Store.from_url(settings.redis_url)  # sync client, used from threadpool endpoints
+        store = Store.from_url(settings.redis_url, replica_acks=settings.redis_replica_acks,
+                               replica_wait_ms=settings.redis_replica_wait_ms)  # threadpool'd
         hub = EventHub.from_url(settings.redis_url)
         probe = ReadinessProbe(hub.ping, celery_inspector(settings, timeout=1.0),
                                required_pools(settings))

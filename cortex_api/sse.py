@@ -361,8 +361,9 @@ class EventHub:
 
     def __init__(self, client: aioredis.Redis, pubsub_client: aioredis.Redis, *,
                  queue_size: int = QUEUE_SIZE, subscribe_timeout: float = 2.0,
-                 poll_s: float = 5.0) -> None:
+                 poll_s: float = 5.0, master: aioredis.Redis | None = None) -> None:
         self.redis = client
+        self._master = master  # readiness asks it whether writes are taken (else `client`)
         self._pubsub_client = pubsub_client
         self._pubsub = pubsub_client.pubsub()
         self._fanout = Fanout()
@@ -379,13 +380,21 @@ class EventHub:
         at most `max_connections` connections (a busy pool is waited for, up to 30 s: under
         load that is better than a 503). A command is tried again a few times on a new
         connection (to the new master after a failover); `event_stream` rides out longer
-        outages itself."""
+        outages itself.
+
+        Behind Sentinel the hub reads and follows a replica (the master when it has none):
+        the master's PUBLISH reaches a replica's subscribers through replication, with the
+        write it announces, so a client is only ever sent events a replica has, and the
+        replica promoted in a failover has every one of them (a seq a client saw is never
+        given to other content)."""
         def retry() -> AsyncRetry:
             return AsyncRetry(ExponentialBackoff(cap=1.0, base=0.05), HUB_RETRIES)
 
         replays = async_client(url, retry=retry(), max_connections=max_connections,
-                               pool_timeout=30)
-        return cls(replays, async_client(url, retry=retry()), **kwargs)
+                               pool_timeout=30, replica=True)
+        following = async_client(url, retry=retry(), replica=True)
+        master = async_client(url, retry=retry(), max_connections=1, pool_timeout=30)
+        return cls(replays, following, master=master, **kwargs)
 
     # -- EventSource --------------------------------------------------------------------
     @asynccontextmanager
@@ -434,7 +443,7 @@ class EventHub:
     async def ping(self) -> bool:
         """True if Redis answers and takes writes; ReadOnlyError naming the master a replica
         follows, ConnectionError if it does not answer (readiness says why)."""
-        await check_writable(self.redis)
+        await check_writable(self._master or self.redis)
         return True
 
     def stats(self) -> dict[str, int]:
@@ -452,6 +461,9 @@ class EventHub:
             await self._pubsub_client.aclose()
         await self.redis.aclose()
         await self.redis.connection_pool.disconnect()
+        if self._master is not None:
+            await self._master.aclose()
+            await self._master.connection_pool.disconnect()
 
     async def _leave(self, name: str, listener: Listener) -> None:
         async with self._lock:

@@ -18,7 +18,9 @@ from cortex_worker.store.state import Store
 @lru_cache(maxsize=1)
 def get_store() -> Store:
     """The process's `Store` (one Redis connection pool)."""
-    return Store.from_url(get_settings().redis_url)
+    settings = get_settings()
+    return Store.from_url(settings.redis_url, replica_acks=settings.redis_replica_acks,
+                          replica_wait_ms=settings.redis_replica_wait_ms)
 
 
 @lru_cache(maxsize=1)

@@ -67,6 +67,13 @@ class Settings(BaseSettings):
         "redis://, rediss://, unix:// or redis+sentinel://[:password@]HOST:PORT,HOST:PORT,.../"
         "MASTER_NAME/DB (see docs/operations.md#redis-sentinel)")
     broker_url: str | None = Field(default=None, description="Celery broker; defaults to redis_url")
+    redis_replica_acks: int = Field(
+        default=1, ge=0, description="replicas each write of job state waits for (WAIT), at "
+        "most those connected: a failover then loses no result, attempt count or event that "
+        "was acknowledged (docs/operations.md#redis-sentinel); 0: writes do not wait")
+    redis_replica_wait_ms: int = Field(
+        default=1000, gt=0, description="the most a write waits for its replicas; past it the "
+        "write goes on, counted in cortex_unreplicated_writes")
     manifests: Path = Path("examples/manifests")
     workspace_root: Path = Path("/tmp/cortex-workspaces")
     sandbox_isolation: Literal["auto", "required", "off"] = Field(

@@ -121,8 +121,13 @@ class CortexCollector(Collector):
             "(a paused process that woke up; fencing), by what was written: events, register, "
             "result, retry, turn_start, turn_end, turn_renew, turn_yield, job_end.",
             labels=["write"])
+        unreplicated = CounterMetricFamily(
+            "cortex_unreplicated_writes", "Writes of job state no replica acknowledged within "
+            "redis_replica_wait_ms (a failover then could lose them), by the store's script.",
+            labels=["write"])
         families = {"jobs_ended": (jobs_ended, 2), "actions_ended": (actions_ended, 3),
-                    "agent_drains": (drains, 2), "stale_writes": (stale, 2)}
+                    "agent_drains": (drains, 2), "stale_writes": (stale, 2),
+                    "unreplicated_writes": (unreplicated, 2)}
         for field, value in sorted(counters.items()):
             parts = field.split("|")
             family, size = families.get(parts[0], (None, 0))
@@ -132,6 +137,7 @@ class CortexCollector(Collector):
         yield actions_ended
         yield drains
         yield stale
+        yield unreplicated
         yield _histogram_family(
             "cortex_action_dispatch_seconds",
             "Time from an action being queued to a worker claiming it, by action type.",

@@ -235,10 +235,11 @@ def sync_client(url: str, *, retry: Retry, max_connections: int, pool_timeout: f
 
 def async_client(url: str, *, retry: AsyncRetry, max_connections: int | None = None,
                  pool_timeout: float = 30.0, socket_connect_timeout: float = CONNECT_TIMEOUT_S,
-                 decode_responses: bool = True,
-                 health_check_interval: int = 30) -> aioredis.Redis:
-    """The asyncio client of `url` (its master, for a Sentinel URL): on a blocking pool when
-    `max_connections` is given, else on a pool of its own without a cap (pub/sub)."""
+                 decode_responses: bool = True, health_check_interval: int = 30,
+                 replica: bool = False) -> aioredis.Redis:
+    """The asyncio client of `url` (its master, for a Sentinel URL; with `replica`, one of its
+    replicas, the master if it has none): on a blocking pool when `max_connections` is given,
+    else on a pool of its own without a cap (pub/sub)."""
     target = parse_url(url)
     options: dict[str, Any] = {
         "decode_responses": decode_responses, "retry": retry,
@@ -253,7 +254,8 @@ def async_client(url: str, *, retry: AsyncRetry, max_connections: int | None = N
     sentinel = AsyncSentinel(list(target.sentinels),
                              sentinel_kwargs=target.sentinel_kwargs(AsyncRetry(NoBackoff(), 0)))
     pool_class = AsyncSentinelPool if max_connections is None else _AsyncBlockingSentinelPool
-    client: aioredis.Redis = sentinel.master_for(
+    pick = sentinel.slave_for if replica else sentinel.master_for
+    client: aioredis.Redis = pick(
         target.master_name, connection_pool_class=pool_class, **target.master_kwargs(), **options)
     return client
 

@@ -28,6 +28,8 @@ TENANT_LANES = f"{PREFIX}:lanes"
 MODELS_INDEX = f"{PREFIX}:models"
 #: The built-in key-value relic's keys start with this (`relic_kv_key`).
 RELIC_KV_PREFIX = f"{PREFIX}:relic:kv"
+#: Written to make the replicas' acknowledgement cover every write before it (`Store._barrier`).
+REPLICATION_MARK = f"{PREFIX}:replication:mark"
 #: How long a job's keys live when its record does not say (7 days).
 DEFAULT_TTL_S = 604800
 #: How many of `JobKeys` the scripts take (KEYS[1..16]).
@@ -72,6 +74,12 @@ def job_keys(job_id: str) -> JobKeys:
     """The Redis keys of one job."""
     return JobKeys(*(f"{PREFIX}:{{{job_id}}}:{_SUFFIXES.get(field, field)}"
                      for field in JobKeys._fields))
+
+
+def write_memo_key(job_id: str, write: str) -> str:
+    """String: the reply of a job script's write, by its write id, for 300 s (lua/prelude.lua:
+    `once` builds it the same way): the same write sent again is answered from it."""
+    return f"{PREFIX}:{{{job_id}}}:w:{write}"
 
 
 def tenant_index(tenant: str) -> str:

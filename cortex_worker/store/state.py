@@ -7,6 +7,7 @@ event, and the state change that caused it, happen atomically.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from cortex_worker.store.keys import (
     DEFAULT_TTL_S,
     JOBS_INDEX,
     MODELS_INDEX,
+    REPLICATION_MARK,
     SCRIPT_KEYS,
     TENANT_LANES,
     alive_key,
@@ -38,6 +40,7 @@ from cortex_worker.store.keys import (
     tenant_running_key,
     usage_key,
 )
+from cortex_worker.store.replication import Replication
 
 RECONNECT_RETRIES = 40  # with a 1 s backoff cap: about 35 s without Redis
 MAX_CONNECTIONS = 1024
@@ -49,9 +52,19 @@ POOL_WAIT_S = 30.0
 
 @cache
 def _lua(name: str, prelude: bool = True) -> str:
+    """A script's source; a job script's body runs after the prelude, once per write id
+    (lua/prelude.lua: `once`)."""
     folder = resources.files("cortex_worker.store") / "lua"
     body = (folder / f"{name}.lua").read_text()
-    return (folder / "prelude.lua").read_text() + "\n" + body if prelude else body
+    if not prelude:
+        return body
+    return (f"{(folder / 'prelude.lua').read_text()}\nlocal function body()\n{body}\nend\n"
+            "return once(body)\n")
+
+
+def _clock() -> str:
+    """A job script's ARGV[2]: the clock, and a new write id (lua/prelude.lua: `once`)."""
+    return f"{time.time()!r}|{os.urandom(8).hex()}"
 
 
 def dumps(value: Any) -> str:
@@ -184,8 +197,10 @@ def _turn_inputs(out: Sequence[Any], action_ids: Sequence[str]) -> TurnInputs:
 class Store:
     """All reads and writes of job state go through here."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, *, replica_acks: int = 1,
+                 replica_wait_ms: int = 1000) -> None:
         self.redis = client
+        self.replication = Replication(client, replica_acks, replica_wait_ms)
         self._scripts = {name: client.register_script(_lua(name))
                          for name in ("emit", "register", "claim", "finish", "retry", "close",
                                       "requeue", "resume", "turn_start", "turn_end", "turn_unwait",
@@ -197,7 +212,7 @@ class Store:
                                            "tenant_admit")}
 
     @classmethod
-    def from_url(cls, url: str) -> Store:
+    def from_url(cls, url: str, *, replica_acks: int = 1, replica_wait_ms: int = 1000) -> Store:
         # Ride out a Redis restart (or failover) of up to ~35 s: a command whose connection
         # fails is sent again after a backoff, instead of failing the task and losing the
         # result it was recording (redis-py's default gives up after well under a second).
@@ -205,11 +220,43 @@ class Store:
         # connection, so the retries also carry a command across a failover.
         retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), RECONNECT_RETRIES)
         return cls(sync_client(url, retry=retry, max_connections=MAX_CONNECTIONS,
-                               pool_timeout=POOL_WAIT_S))
+                               pool_timeout=POOL_WAIT_S),
+                   replica_acks=replica_acks, replica_wait_ms=replica_wait_ms)
 
     def _run(self, name: str, job_id: str, *args: Any, extra_keys: Sequence[str] = ()) -> Any:
-        argv = [job_id, repr(time.time()), *args]
-        return self._scripts[name](keys=[*job_keys(job_id)[:SCRIPT_KEYS], *extra_keys], args=argv)
+        """Run a job script once (its write id goes with every resend), and go on once the
+        replicas have it (`replication`)."""
+        keys = [*job_keys(job_id)[:SCRIPT_KEYS], *extra_keys]
+        argv = [job_id, _clock(), *args]
+        script = self._scripts[name]
+        acks = self.replication.acks()
+        if not acks:
+            return script(keys=keys, args=argv)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for _ in range(2):  # the second time, with the script loaded (a new master)
+                pipe.evalsha(script.sha, len(keys), *keys, *argv)
+                pipe.wait(acks, self.replication.wait_ms)
+                try:
+                    out, acked = pipe.execute()
+                    break
+                except redis.exceptions.NoScriptError:
+                    self.redis.script_load(script.script)
+            else:
+                raise redis.exceptions.NoScriptError(f"script {name} could not be loaded")
+        self.replication.acked(int(acked), acks, name)
+        return out
+
+    def _barrier(self, what: str) -> None:
+        """Go on once the replicas have every write made so far (a write's WAIT waits for
+        the replication stream up to it, whoever made the earlier writes)."""
+        acks = self.replication.acks()
+        if not acks:
+            return
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(REPLICATION_MARK, repr(time.time()))
+            pipe.wait(acks, self.replication.wait_ms)
+            acked = pipe.execute()[1]
+        self.replication.acked(int(acked), acks, what)
 
     def _ttl(self, job_id: str) -> int:
         """The job's retention: its other keys expire with its record."""
@@ -256,6 +303,8 @@ class Store:
                     break  # the rest of the transaction ran; the events go the usual way
         if not logged:
             self.emit(job_id, events)
+        else:
+            self._barrier("create_job")  # a job the API answered 201 for outlives a failover
 
     @staticmethod
     def _watch_session(pipe: Any, turn: SessionTurn) -> int:
@@ -700,10 +749,16 @@ class Store:
             text = (streamed or {}).get(key, "")
             if args or text:
                 self._scripts["emit"](keys=job_keys(job_id)[:SCRIPT_KEYS], client=pipe,
-                                      args=[job_id, now, "1" if live else "0", _fence(fence),
-                                            text, *args])
+                                      args=[job_id, f"{now}|{os.urandom(8).hex()}",
+                                            "1" if live else "0", _fence(fence), text, *args])
                 sent.append((job_id, fence))
-        return [key for key, seq in zip(sent, pipe.execute(), strict=True) if int(seq) < 0]
+        acks = self.replication.acks() if sent else 0
+        if acks:
+            pipe.wait(acks, self.replication.wait_ms)
+        out = pipe.execute()
+        if acks:
+            self.replication.acked(int(out.pop()), acks, "emit")
+        return [key for key, seq in zip(sent, out, strict=True) if int(seq) < 0]
 
     def events_after(self, job_id: str, after: int = 0, count: int | None = None) -> list[dict[str, Any]]:
         """Events with seq > `after`, in order."""

@@ -1,10 +1,12 @@
 -- Cortex job state scripts. Every script is loaded with this prelude; KEYS are the job's keys
--- (see keys.py: JobKeys), ARGV[1] is the job id, ARGV[2] the clock (seconds, float).
+-- (see keys.py: JobKeys), ARGV[1] is the job id, ARGV[2] the clock (seconds, float), then
+-- `|` and the write's id (see `once`, at the end; '' or absent: not remembered).
 -- All of a job's keys share the hash tag {job_id}, so a job lives on one Redis shard.
 
 local K_JOB, K_SPEC, K_STATUS, K_RESULT, K_PENDING, K_POISON, K_DEPS, K_VARS, K_LEASE,
       K_WAIT, K_SEQ, K_EVENTS, K_ONERR, K_ATTEMPTS, K_AWAIT, K_INBOX = unpack(KEYS, 1, 16)
-local JOB, NOW = ARGV[1], ARGV[2]
+local JOB = ARGV[1]
+local NOW, WRITE = string.match(ARGV[2], '^([^|]*)|?(.*)$')
 local TERMINAL = {ok = true, error = true, timeout = true, skipped = true, cancelled = true}
 local JOB_TERMINAL = {completed = true, failed = true, cancelled = true}
 local JOB_END_EVENTS = {job_completed = true, job_failed = true, job_cancelled = true}
@@ -258,4 +260,20 @@ local function begin_turn(fields, ids, at, started)
   local results = {}
   if #ids > 0 then results = redis.call('HMGET', K_RESULT, unpack(ids)) end
   return {begun, results, redis.call('HGETALL', KEYS[18]), redis.call('LRANGE', KEYS[17], 0, -1)}
+end
+
+-- A write is applied once, however often it is sent: redis-py sends a command again when its
+-- connection broke before the reply came (a network cut, a failover to a replica that has
+-- the first run or not). The script's body runs as `body` (store/state.py wraps it), and its
+-- reply is kept for `WRITE_MEMO_S` under the write's id; the same write sent again gets that
+-- reply, and changes nothing.
+local WRITE_MEMO_S = 300
+local function once(body)
+  if WRITE == nil or WRITE == '' then return body() end
+  local memo = 'cx:{' .. JOB .. '}:w:' .. WRITE  -- keys.JobKeys: the job's hash tag
+  local seen = redis.call('GET', memo)
+  if seen then return cjson.decode(seen) end
+  local reply = body()
+  redis.call('SET', memo, cjson.encode(reply == nil and false or reply), 'EX', WRITE_MEMO_S)
+  return reply
 end
