@@ -70,13 +70,25 @@ def test_only_the_signals_module_touches_celerys_signals() -> None:
     assert users == ["cortex_worker/worker/signals.py"]
 
 
+def _ours(name: str) -> list[str]:
+    return [str(key[0]) for key, _ in getattr(celery_signals, name).receivers
+            if str(key[0]).startswith(signals.PREFIX)]
+
+
 def test_each_signal_is_connected_once_even_if_connected_again() -> None:
+    """Each of our receivers is connected once (by its dispatch uid), however often the
+    process connects them: `cortex worker` also keeps the exit code on `worker_shutdown`."""
     signals.connect_process(steps.PROCESS)
     signals.connect_messages()
+    signals.connect_exit_code()
+    before = {name: _ours(name) for name in CONNECTED}
+    signals.connect_process(steps.PROCESS)
+    signals.connect_messages()
+    signals.connect_exit_code()
     for name in CONNECTED:
-        ours = [key for key, _ in getattr(celery_signals, name).receivers
-                if str(key[0]).startswith(signals.PREFIX)]
-        assert len(ours) == 1, name
+        assert _ours(name) == before[name], name
+        assert len(set(before[name])) == len(before[name]) >= 1, name
+    assert sorted(before["worker_shutdown"]) == ["cortex.exit-code", "cortex.stop"]
 
 
 def test_the_steps_start_in_order_and_stop_in_reverse() -> None:
