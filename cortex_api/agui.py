@@ -25,7 +25,8 @@ from cortex_worker.protocol.events import EventType
 Event = dict[str, Any]
 AgUi = dict[str, Any]
 
-#: Warnings that mean the turn's model stream starts over: what it streamed is closed.
+#: Warnings that mean the turn's model stream starts over: what it streamed is closed (unless
+#: the warning says the stream was `continued` from what it had streamed: it goes on).
 RESTARTS = frozenset({"model_retry", "turn_restarted"})
 #: Parse events that end a run of `response_chunk`s: the next chunk is another response.
 RESPONSE_BREAKS = frozenset({EventType.text, EventType.thought_chunk, EventType.thought_end,
@@ -211,7 +212,9 @@ class AgUiTranslator:
         return [{"type": "STEP_FINISHED", "stepName": step}]
 
     def _warning(self, event: Event) -> list[AgUi]:
-        closed = self._close_messages() if event["data"].get("kind") in RESTARTS else []
+        data = event["data"]
+        over = data.get("kind") in RESTARTS and not data.get("continued")  # continued: it goes on
+        closed = self._close_messages() if over else []
         return closed + self._custom(event)
 
     # -- actions: tool calls --------------------------------------------------------------

@@ -370,3 +370,24 @@ def test_history_reads_only_up_to_the_resume_point() -> None:
     source = FakeSource(AGENT, status="completed")
     asyncio.run(agui_encoder(source, JOB, 7))
     assert source.calls == ["read>0"]
+
+
+def test_a_turn_continued_after_a_takeover_is_one_reasoning_message() -> None:
+    """A takeover that continues the partial answer (`continued`) does not start over: the
+    reasoning message open at the takeover goes on, and its text reads as one."""
+    events = log(("job_queued", {"kind": "agent", "agent": "continuer"}),
+                 ("turn_started", {"turn": 1}),
+                 ("thought_chunk", {"text": "Thinking with "}),
+                 ("warning", {"kind": "turn_restarted", "turn": 1, "continued": True,
+                              "message": "taken over; it goes on"}),
+                 ("thought_chunk", {"text": "care."}),
+                 ("thought_end", {"text": "Thinking with care."}),
+                 ("job_completed", {"status": "completed", "result": "", "error": None,
+                                    "turns": 1}))
+    out = flat(translate(events))
+    assert_well_formed(out)
+    starts = [e for e in out if e["type"].endswith("_MESSAGE_START") and "REASONING" in e["type"]]
+    assert len(starts) == 1
+    text = "".join(e["delta"] for e in out if e["type"].startswith("REASONING")
+                   and e["type"].endswith("_CONTENT"))
+    assert text == "Thinking with care."
