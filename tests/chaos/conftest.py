@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ class Stack:
         self.workers: dict[str, harness.Process] = {}
         self.api: harness.Process | None = None
         self.client = self.redis.client(decode_responses=True)
+        self._control: Any = None  # a Celery app for remote control, made on first use
 
     # -- processes
     def start_workers(self, pools: dict[str, int]) -> None:
@@ -118,6 +120,38 @@ class Stack:
         self.workers[pool] = harness.start_worker(pool, self.env, POOLS.get(pool), log_dir=self.dir,
                                                   cwd=self.dir)
         return self.workers[pool]
+
+    def start_spare(self, pool: str) -> harness.Process:
+        """Start another worker for `pool` beside `workers[pool]`, with a node name of its own
+        (`<pool>-<random>@host`): Celery's remote control (`active_tasks`) then tells the two
+        apart, which a second `<pool>@host` would not."""
+        name = f"{pool}-{os.urandom(3).hex()}@%h"
+        return harness.start_worker(pool, self.env, POOLS.get(pool), log_dir=self.dir,
+                                    cwd=self.dir, extra_args=["--hostname", name])
+
+    def active_tasks(self, proc: harness.Process) -> list[dict[str, Any]] | None:
+        """The tasks worker `proc` runs now (Celery's `inspect active`), None if it did not
+        answer: how a test knows a woken worker has finished whatever it was doing, by what
+        the worker says rather than by waiting some time."""
+        if self._control is None:
+            self._control = harness.celery_control_app(self.env)
+        assert proc.worker_hostname is not None, proc
+        replies = self._control.control.inspect(destination=[proc.worker_hostname],
+                                                timeout=1.0).active() or {}
+        return replies.get(proc.worker_hostname)
+
+    def stale_writes(self) -> dict[str, float]:
+        """`cortex_stale_writes_total` by `write`, as GET /metrics on the API serves it (the
+        writes the store refused from a holder whose lease was taken over: fencing)."""
+        response = httpx.get(f"{self.url}/metrics", timeout=30)
+        assert response.status_code == 200, response.text
+        assert "# TYPE cortex_stale_writes_total counter" in response.text, "no stale-writes metric"
+        out: dict[str, float] = {}
+        for line in response.text.splitlines():
+            if line.startswith("cortex_stale_writes_total{"):
+                labels, _, value = line.rpartition(" ")
+                out[labels.partition('write="')[2].partition('"')[0]] = float(value)
+        return out
 
     def supervise(self) -> Callable[[], list[str]]:
         """Replace any worker that exits (as systemd or Kubernetes would) until the returned
@@ -178,8 +212,32 @@ class Stack:
 
     def close(self) -> None:
         self.client.close()
+        if self._control is not None:
+            self._control.close()
         harness.stop_all(processes=[*self.workers.values(), *([self.api] if self.api else [])])
         self.redis.close()
+
+
+@contextmanager
+def paused(proc: harness.Process) -> Iterator[Callable[[], None]]:
+    """SIGSTOP `proc`'s process group: from outside it looks dead (no heartbeat, no reads),
+    as after a long GC pause, a frozen VM or a network partition, but it has lost nothing and
+    goes on where it stopped once woken. Yields `wake` (SIGCONT; idempotent). On leaving, the
+    group is woken whatever happened: a stopped process holds SIGTERM until it is continued,
+    so a test that left one stopped would hold up every later stop of the stack."""
+    woken = False
+
+    def wake() -> None:
+        nonlocal woken
+        if not woken:
+            woken = True
+            proc.kill(signal.SIGCONT)
+
+    proc.kill(signal.SIGSTOP)
+    try:
+        yield wake
+    finally:
+        wake()
 
 
 @pytest.fixture(scope="session", autouse=True)
