@@ -81,6 +81,7 @@ class JobRecord(BaseModel):
     turn_phase: str = ""
     turn_lease: float | None = None
     turn_fence: int = 0  # the turn's fencing number: grows with each grant (resume.lua)
+    turn_taken_from: str = ""  # the owner the last takeover took the turn from
     turn_waiter: str = ""  # the process whose turn waits in place for the job to drain
     prompt_tokens: int = 0
     completion_tokens: int = 0

@@ -304,3 +304,11 @@ def test_a_turn_taken_over_without_continuation_is_generated_again_and_says_so(
     warning = one(events(store, job_id), "warning")
     assert warning["continued"] is False and "generated again" in warning["message"]
     assert llm.requests(model)[-1]["messages"][-1]["role"] == "user"
+
+
+def test_a_takeover_names_the_coordinator_it_took_the_turn_from(store: Store) -> None:
+    job_id = _agent_job(store)
+    assert store.resume(job_id, PAUSED, 30.0) is not None
+    taken = store.resume(job_id, OTHER, 30.0, dead_owner=PAUSED)
+    assert taken is not None and taken.job.turn_owner == OTHER
+    assert taken.job.turn_taken_from == PAUSED

@@ -179,7 +179,7 @@ def _taken_over(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, tur
     """Say that the turn was taken over, and how it goes on; returns the partial answer to
     continue from ("" if it is generated again)."""
     log.warning("job %s: taking over turn %s (phase %s) from %s", job_id, turn, phase,
-                job.turn_owner)
+                job.turn_taken_from)
     model = KINDS["agent"].model(job) or agent.model
     partial = store.partial(job_id) if phase == "generating" and _continues(agent, model) else ""
     if partial:
@@ -194,7 +194,8 @@ def _taken_over(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, tur
                   "answer)"))
     store.emit(job_id, [(EventType.warning, {
         "kind": "turn_restarted", "turn": turn, "continued": bool(partial),
-        "message": f"turn {turn} was taken over from a coordinator that stopped; {how}"})],
+        "message": f"turn {turn} was taken over from a coordinator that stopped "
+                   f"({job.turn_taken_from}); {how}"})],
         fence=job.turn_fence)
     return partial
 

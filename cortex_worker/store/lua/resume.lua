@@ -54,7 +54,8 @@ if st == 'running' and redis.call('HGET', K_JOB, 'closed') == '0' then
   if not cur or owner == '' then return {0} end
   local expiry = tonumber(redis.call('HGET', K_JOB, 'turn_lease') or '0')
   if not (dead ~= '' and cur == dead) and expiry > tonumber(NOW) then return {0} end
-  redis.call('HSET', K_JOB, 'turn_owner', owner, 'turn_lease', tostring(tonumber(NOW) + lease))
+  redis.call('HSET', K_JOB, 'turn_owner', owner, 'turn_lease', tostring(tonumber(NOW) + lease),
+             'turn_taken_from', cur)
   redis.call('HINCRBY', K_JOB, 'turn_fence', 1)  -- the holder it took over from is stale now
   local out = with_record({tonumber(redis.call('HGET', K_JOB, 'turn') or '1'), 1},
                           cjson.decode(redis.call('HGET', K_JOB, 'turn_inbox') or '[]'))
