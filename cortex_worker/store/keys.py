@@ -144,6 +144,12 @@ def session_key(session_id: str) -> str:
     return f"{PREFIX}:session:{session_id}"
 
 
+def agui_runs_key(session_id: str) -> str:
+    """Hash: the AG-UI runs of a session (an AG-UI thread): run id -> JSON `{job, after,
+    until, at}`, the job the run is and the part of its log it covers (cortex_api/routes/agui.py)."""
+    return f"{PREFIX}:session:{session_id}:agui"
+
+
 def feed_cache_key(tenant: str, owner: str, feed_id: str, digest: str) -> str:
     """A feed value shared by the jobs of one tenant and agent (`owner`) while fresh."""
     return f"{PREFIX}:feedcache:{tenant}:{owner}:{feed_id}:{digest}"

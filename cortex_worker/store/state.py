@@ -21,7 +21,7 @@ from redis.retry import Retry
 
 from cortex_worker.errors import CortexError
 from cortex_worker.jobs.record import DEFAULT_TENANT, JobRecord, encode
-from cortex_worker.protocol.events import ACTION_TERMINAL, JOB_TERMINAL
+from cortex_worker.protocol.events import ACTION_TERMINAL, JOB_TERMINAL, ActionStatus, JobStatus
 from cortex_worker.store.connect import sync_client
 from cortex_worker.store.keys import (
     ACTIVE_JOBS,
@@ -31,6 +31,7 @@ from cortex_worker.store.keys import (
     REPLICATION_MARK,
     SCRIPT_KEYS,
     TENANT_LANES,
+    agui_runs_key,
     alive_key,
     job_keys,
     model_keys,
@@ -962,3 +963,62 @@ class Store:
                         _fence(fence), *args,
                         extra_keys=[job_keys(job_id).usage])
         return None if out is None else list(out)
+
+    # -- AG-UI runs (cortex_api/routes/agui.py) -------------------------------------------
+    def agui_runs(self, session_id: str) -> dict[str, dict[str, Any]]:
+        """A session's AG-UI runs: run id -> `{job, after, until, at}` (`agui_runs_key`)."""
+        raw = self.redis.hgetall(agui_runs_key(session_id))
+        return {run: json.loads(value) for run, value in raw.items()}
+
+    def claim_agui_run(self, session_id: str, run_id: str, record: dict[str, Any]) -> bool:
+        """Record a new run; False if the id is taken (a run is started once, whoever posts
+        it again attaches to it). The runs expire with their session."""
+        key = agui_runs_key(session_id)
+        ttl = int(self.redis.hget(session_key(session_id), "ttl") or DEFAULT_TTL_S)
+        pipe = self.redis.pipeline()
+        pipe.hsetnx(key, run_id, dumps(record))
+        pipe.expire(key, ttl)
+        return bool(pipe.execute()[0])
+
+    def settle_agui_run(self, session_id: str, run_id: str, **fields: Any) -> dict[str, Any] | None:
+        """Fill the fields of a run's record that are still unset (each is written once: two
+        streams that see the run end agree on where); returns the record, None if unknown."""
+        key = agui_runs_key(session_id)
+        with self.redis.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(key)
+                    raw = pipe.hget(key, run_id)
+                    if raw is None:
+                        return None
+                    record = json.loads(raw)
+                    new = {k: v for k, v in fields.items() if record.get(k) is None}
+                    if not new:
+                        return record
+                    record.update(new)
+                    pipe.multi()
+                    pipe.hset(key, run_id, dumps(record))
+                    pipe.execute()
+                    return record
+                except redis.WatchError:
+                    continue
+
+    def drop_agui_run(self, session_id: str, run_id: str) -> None:
+        """Forget a run whose job could not be started (its id may be posted again)."""
+        self.redis.hdel(agui_runs_key(session_id), run_id)
+
+    def waiting_for_people(self, job_id: str) -> int | None:
+        """The job's last seq if it now waits only for a person: running, its turn generated,
+        no action queued, running or parked, and one awaiting approval; else None. One
+        snapshot (MULTI), so the seq is where the wait began."""
+        keys = job_keys(job_id)
+        pipe = self.redis.pipeline()
+        pipe.hmget(keys.job, ["status", "turn_phase"])
+        pipe.hvals(keys.status)
+        pipe.get(keys.seq)
+        (status, phase), statuses, seq = pipe.execute()
+        busy = {ActionStatus.queued, ActionStatus.running, ActionStatus.waiting}
+        if status != JobStatus.running or phase != "generated" \
+                or ActionStatus.awaiting_approval not in statuses or busy.intersection(statuses):
+            return None
+        return int(seq or 0)
