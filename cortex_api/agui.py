@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-from cortex_worker.protocol.events import EventType
+from cortex_worker.protocol.events import ACTION_END_EVENTS, TERMINAL_EVENTS, EventType
 
 Event = dict[str, Any]
 AgUi = dict[str, Any]
@@ -58,9 +59,11 @@ class _Response:
 class AgUiTranslator:
     """Cortex events of one job, in seq order, to AG-UI events; state per stream."""
 
-    def __init__(self, job_id: str, thread_id: str | None = None) -> None:
+    def __init__(self, job_id: str, thread_id: str | None = None,
+                 run_id: str | None = None) -> None:
         self.job_id = job_id
         self.thread_id = thread_id or job_id
+        self.run_id = run_id or job_id
         self._thought: str | None = None  # the open reasoning message
         self._responses: list[_Response] = []  # open text messages, oldest first
         self._streaming: _Response | None = None  # the one chunks go to
@@ -85,7 +88,7 @@ class AgUiTranslator:
 
     # -- run and turns --------------------------------------------------------------------
     def _run_started(self, event: Event) -> list[AgUi]:
-        started: AgUi = {"type": "RUN_STARTED", "threadId": self.thread_id, "runId": self.job_id,
+        started: AgUi = {"type": "RUN_STARTED", "threadId": self.thread_id, "runId": self.run_id,
                          "rawEvent": event}
         if event["data"].get("parent_job"):
             started["parentRunId"] = event["data"]["parent_job"]
@@ -106,7 +109,7 @@ class AgUiTranslator:
 
     def _job_completed(self, event: Event) -> list[AgUi]:
         return self._finish(event, {"type": "RUN_FINISHED", "threadId": self.thread_id,
-                                    "runId": self.job_id, "result": event["data"].get("result")})
+                                    "runId": self.run_id, "result": event["data"].get("result")})
 
     def _job_failed(self, event: Event) -> list[AgUi]:
         data = event["data"]
@@ -115,7 +118,36 @@ class AgUiTranslator:
 
     def _job_cancelled(self, event: Event) -> list[AgUi]:
         return self._finish(event, {"type": "RUN_FINISHED", "threadId": self.thread_id,
-                                    "runId": self.job_id, "outcome": {"type": "cancelled"}})
+                                    "runId": self.run_id, "outcome": {"type": "cancelled"}})
+
+    def interrupted(self, event: Event, interrupts: list[AgUi]) -> list[AgUi]:
+        """The run ends at `event` because the job waits for people: close what is open, then
+        RUN_FINISHED with the interrupt outcome."""
+        return self._finish(event, {"type": "RUN_FINISHED", "threadId": self.thread_id,
+                                    "runId": self.run_id,
+                                    "outcome": {"type": "interrupt", "interrupts": interrupts}})
+
+    def reset_usage(self) -> None:
+        """A run that goes on after an interrupt reports only the model calls it made itself."""
+        self._tokens = [0, 0]
+
+    def reopen(self) -> list[AgUi]:
+        """START events of what is open now: how a stream joining mid-run goes on after its
+        RUN_STARTED (ids as before: the client already holds these messages)."""
+        out: list[AgUi] = []
+        if self._step is not None:
+            out.append({"type": "STEP_STARTED", "stepName": self._step})
+        if self._thought is not None:
+            out += [{"type": "REASONING_START", "messageId": self._thought},
+                    {"type": "REASONING_MESSAGE_START", "messageId": self._thought,
+                     "role": "reasoning"}]
+        out += [{"type": "TEXT_MESSAGE_START", "messageId": response.message_id,
+                 "role": "assistant"} for response in self._responses]
+        return out
+
+    def called(self, action_id: str) -> str | None:
+        """The tool call id of an action whose call was sent, else None."""
+        return self._call_id(action_id) if action_id in self._calls else None
 
     def _finish(self, event: Event, last: AgUi) -> list[AgUi]:
         """Close what is open, then the run: RUN_FINISHED / RUN_ERROR comes last."""
@@ -284,3 +316,125 @@ HANDLERS: dict[str, Handler] = {
     EventType.action_skipped: AgUiTranslator._action_skipped,
     EventType.action_cancelled: AgUiTranslator._action_cancelled,
 }
+
+#: What an approval interrupt expects back (`RunAgentInput.resume[].payload`): AG-UI's
+#: tool-approval shape; a `reason` goes with a rejection.
+APPROVAL_SCHEMA: AgUi = {
+    "type": "object",
+    "properties": {"approved": {"type": "boolean"},
+                   "reason": {"type": "string", "description": "why, if rejected"}},
+    "required": ["approved"],
+}
+
+
+def interrupt_id(job_id: str, action_id: str) -> str:
+    """The id of the interrupt that asks for an action's approval."""
+    return f"{job_id}:{action_id}:approval"
+
+
+class AgUiRun:
+    """One run of `POST /v1/agents/{name}/ag-ui`: the events of its job after seq `start`,
+    under the client's thread and run ids. It ends with the job, or at seq `until`, where the
+    job began to wait for people: RUN_FINISHED then carries an interrupt per approval awaited.
+
+    `seen` takes the events the client already has (up to where its stream joins); calls
+    return (SSE id, AG-UI event) pairs: a stream that joins after the job's first event
+    begins with RUN_STARTED, the `cortex.run` event and the START of what is open, under the
+    id of the join point, so AG-UI's verifier accepts it."""
+
+    def __init__(self, job_id: str, thread_id: str, run_id: str, *, session_id: str,
+                 start: int = 0, until: int | None = None) -> None:
+        self.translate = AgUiTranslator(job_id, thread_id, run_id)
+        self.session_id = session_id
+        self.start = start
+        self.until = until
+        self.seq = 0  # the last event taken
+        self.ended = False
+        self._joined = False
+        self._last: Event | None = None
+        self._awaiting: dict[str, Event] = {}  # action id -> its approval_requested
+
+    @property
+    def awaiting(self) -> bool:
+        """Whether an approval is awaited now (the run may be about to pause)."""
+        return bool(self._awaiting)
+
+    def seen(self, event: Event) -> None:
+        """An event before the join point: state only."""
+        self._take(event)
+
+    def __call__(self, event: Event) -> list[tuple[int, AgUi]]:
+        if self.ended:
+            return []
+        head: list[AgUi] = []
+        if not self._joined and event["type"] != EventType.job_queued:
+            head = [self._started(), self._job(), *self.translate.reopen()]
+        joined_at = self.seq
+        out = self._take(event)
+        if not self._joined and out and out[0]["type"] == "RUN_STARTED":
+            out.insert(1, self._job())
+        self._joined = True
+        return [(joined_at, item) for item in head] + [(self.seq, item) for item in out]
+
+    def pause(self, until: int) -> list[tuple[int, AgUi]]:
+        """The job began to wait for people at seq `until`: the run ends there (now, if its
+        stream is past it)."""
+        self.until = until
+        if self.ended or self._last is None or self.seq < until or not self._awaiting:
+            return []
+        self.ended = True
+        return [(self.seq, item) for item in self.translate.interrupted(self._last,
+                                                                        self.interrupts())]
+
+    def interrupts(self) -> list[AgUi]:
+        """The interrupts of the approvals awaited now (AG-UI `Interrupt`s)."""
+        job_id = self.translate.job_id
+        out: list[AgUi] = []
+        for action_id, event in self._awaiting.items():
+            data = event["data"]
+            shown = json.dumps(data.get("parameters") or {}, ensure_ascii=False)
+            interrupt: AgUi = {
+                "id": interrupt_id(job_id, action_id), "reason": "confirmation",
+                "message": f"Approve {data.get('type', 'tool')} {data.get('name')!r} with {shown}?",
+                "responseSchema": APPROVAL_SCHEMA,
+                "metadata": {"cortex": {"jobId": job_id, "actionId": action_id,
+                                        "type": data.get("type"), "name": data.get("name"),
+                                        "parameters": data.get("parameters")}}}
+            call = self.translate.called(action_id)
+            if call is not None:
+                interrupt.update(reason="tool_call", toolCallId=call)
+            if data.get("expires_at") is not None:
+                interrupt["expiresAt"] = datetime.fromtimestamp(
+                    float(data["expires_at"]), UTC).isoformat().replace("+00:00", "Z")
+            out.append(interrupt)
+        return out
+
+    def _take(self, event: Event) -> list[AgUi]:
+        """Translate an event, follow the approvals, and end the run where it ends."""
+        seq, kind = int(event["seq"]), str(event["type"])
+        self.seq, self._last = seq, event
+        data = event["data"]
+        if kind == EventType.approval_requested:
+            self._awaiting[data["action_id"]] = event
+        elif kind in (EventType.action_approved, EventType.action_rejected) \
+                or kind in ACTION_END_EVENTS:
+            self._awaiting.pop(data.get("action_id", ""), None)
+        out = self.translate(event)
+        if seq == self.start and seq > 0:
+            self.translate.reset_usage()
+        if kind in TERMINAL_EVENTS:
+            self.ended = True
+        elif self.until is not None and seq >= self.until and self._awaiting:
+            out += self.translate.interrupted(event, self.interrupts())
+            self.ended = True
+        return out
+
+    def _started(self) -> AgUi:
+        translate = self.translate
+        return {"type": "RUN_STARTED", "threadId": translate.thread_id,
+                "runId": translate.run_id}
+
+    def _job(self) -> AgUi:
+        """The Cortex ids of the run, for a client that wants the job's own API."""
+        return {"type": "CUSTOM", "name": "cortex.run",
+                "value": {"jobId": self.translate.job_id, "sessionId": self.session_id}}

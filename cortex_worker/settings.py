@@ -148,6 +148,9 @@ class Settings(BaseSettings):
     allow_no_auth: bool = Field(
         default=False, description="let `cortex api` bind a non-loopback host without API keys")
     metrics_public: bool = Field(default=False, description="/metrics answers without a key")
+    cors_origins: list[str] = Field(
+        default_factory=list, description="browser origins allowed to call the API (CORS), as "
+        'JSON: `["https://app.example.com"]`, or `["*"]` for any; none by default')
 
     @field_validator("redis_url")
     @classmethod
