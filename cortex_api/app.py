@@ -19,6 +19,7 @@ from cortex_api.readiness import ReadinessProbe, celery_inspector, required_pool
 from cortex_api.routes import (
     health,
     jobs,
+    mcp,
     metrics,
     page,
     registry,
@@ -55,7 +56,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         tracing.configure("cortex-api")  # a job's start message carries its trace
         signals.connect_messages()
         try:
-            yield
+            async with mcp_endpoint.run():  # /mcp's session manager (routes/mcp.py)
+                yield
         finally:
             tracing.flush()
             probe.close()
@@ -79,6 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(usage.router)
     app.include_router(metrics.router, dependencies=[Depends(metrics_guard)])  # metrics_public
     app.include_router(page.router)
+    mcp_endpoint = mcp.mount(app)  # /mcp: the agents as MCP tools
     return app
 
 
