@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from importlib import metadata
 
 from fastapi import Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
@@ -17,6 +18,7 @@ from cortex_api.errors import install_handlers
 from cortex_api.limits import BodyLimitMiddleware, body_limit
 from cortex_api.readiness import ReadinessProbe, celery_inspector, required_pools
 from cortex_api.routes import (
+    agui,
     health,
     jobs,
     mcp,
@@ -72,12 +74,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.keyring = KeyRing.from_settings(settings)  # sha256 digests only; see auth.py
     app.add_middleware(BodyLimitMiddleware, max_bytes=body_limit(settings))
+    if settings.cors_origins:  # browser frontends (AG-UI) on other origins; off by default
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
+                           allow_methods=["*"], allow_headers=["*"])
     install_handlers(app)  # every exception handler: errors of the CortexError tree, Redis, ...
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(validate.router)
     app.include_router(registry.router)
     app.include_router(sessions.router)
+    app.include_router(agui.router)  # /v1/agents/{name}/ag-ui: AG-UI runs
     app.include_router(usage.router)
     app.include_router(metrics.router, dependencies=[Depends(metrics_guard)])  # metrics_public
     app.include_router(page.router)
