@@ -15,6 +15,10 @@ agent worker (while a coordinator streams a turn), Redis (SIGTERM, the append-on
 flushed; started again on the same port and data dir) and the API (SIGKILL) are each killed
 and started again once; the last fault kills the tool worker in the middle of a `sleep`. A
 worker that dies on its own (a Redis restart may crash one) is replaced too, and counted.
+Meanwhile the tool worker, then the agent worker, are paused (SIGSTOP: a GC pause, a frozen
+VM, a partition) for longer than a heartbeat lives, with a spare worker started beside them,
+and woken (SIGCONT) after the reconciler gave their work to others: fencing must keep them
+from changing anything (`Pauser`); they go on as extra workers to the end.
 
 The verdicts, for every job: it completed; every action has exactly one terminal event, and it
 is `action_completed`; `seq` runs 1..N; every action's result and the job's result are the
@@ -62,6 +66,10 @@ SCHEDULE: list[tuple[float, str | None]] = [
     (0.0, None), (5.0, "agent"), (12.0, "redis"), (19.0, "api"), (26.0, "end")]
 SLEEPS = {"n": {"a"}, "sp": {"p1", "q2"}}  # the `sleep` actions of each document shape
 KILLED_POOLS = ("tool", "llm", "relic")  # killed in turn, again and again
+#: Seconds after the first wave: a pool's worker is paused, for PAUSE_S (its heartbeat lives
+#: 10 s; the reconciler passes every 5 s), then woken.
+PAUSES: list[tuple[float, str]] = [(3.0, "tool"), (14.0, "agent")]
+PAUSE_S = 16.0
 KILL_GAP_S = 1.0  # between one replacement worker being ready and the next kill
 REDIS_DOWN_S, API_DOWN_S = 1.0, 0.5
 SETTLE_S = 120.0  # after the last fault, every job must have ended within this
@@ -223,6 +231,7 @@ class Faults:
         self.made: list[tuple[float, str]] = []
         self.crashed: list[str] = []  # workers that died without being killed, replaced
         self.starts: list[float] = []  # seconds each replacement worker took to be ready
+        self.woken: list[harness.Process] = []  # paused workers, woken: they go on, extra
 
     def kill_worker(self, pool: str, when: Callable[[], Any] | None = None) -> Any:
         """Kill the pool's worker (once `when()` is true, if given) and start another;
@@ -250,6 +259,22 @@ class Faults:
                     self.crashed.append(pool)
                     self.replace(pool)
 
+    def pause_worker(self, pool: str) -> None:
+        """Pause the pool's worker for PAUSE_S with a spare started beside it (the pool's
+        worker from now on), then wake it: it goes on as an extra worker."""
+        with self.lock:
+            paused = self.stack.workers[pool]
+            self.stack.workers[pool] = self.stack.start_spare(pool)
+            paused.kill(signal.SIGSTOP)
+            self.made.append((time.time(), f"{pool} worker paused"))
+        try:
+            time.sleep(PAUSE_S)
+        finally:
+            with self.lock:
+                paused.kill(signal.SIGCONT)
+                self.made.append((time.time(), f"{pool} worker woken"))
+                self.woken.append(paused)
+
     def restart_redis(self) -> None:
         with self.lock:
             self.made.append((time.time(), "redis stopped"))
@@ -273,6 +298,29 @@ class Faults:
     @property
     def last(self) -> float:
         return max(t for t, _ in self.made)
+
+
+class Pauser(threading.Thread):
+    """Pauses and wakes a worker of each pool in PAUSES, at its time after `clock`."""
+
+    def __init__(self, faults: Faults, clock: float) -> None:
+        super().__init__(daemon=True, name="pauser")
+        self.faults, self.clock = faults, clock
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            for offset, pool in PAUSES:
+                time.sleep(max(0.0, self.clock + offset - time.monotonic()))
+                self.faults.pause_worker(pool)
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+    def finish(self) -> None:
+        self.join(PAUSE_S * len(PAUSES) + 120)
+        assert not self.is_alive(), "the pauser thread did not stop"
+        if self.error is not None:
+            raise self.error
 
 
 class Killer(threading.Thread):
@@ -433,7 +481,9 @@ def test_load_under_faults(stack: Stack) -> None:
 
     clients: list[tuple[Job, SSEClient]] = []
     turn_hit = ""
+    pauser = Pauser(faults, clock)
     killer.start()
+    pauser.start()
     try:
         for wave, (offset, fault) in zip(waves, SCHEDULE, strict=True):
             at(offset)
@@ -441,8 +491,9 @@ def test_load_under_faults(stack: Stack) -> None:
                 faults.restart_redis()
             elif fault == "api":
                 faults.restart_api()
-            elif fault == "end":
+            elif fault == "end":  # the pauses end first: the last wave's sleeps are to come
                 killer.stop()
+                pauser.finish()
             if fault == "agent":  # the killer waits: this kill must come while a turn streams
                 with faults.lock:
                     submit(stack, wave)
@@ -456,6 +507,7 @@ def test_load_under_faults(stack: Stack) -> None:
                            for job in [j for j in wave if j.shape == shape][:2]]
     finally:
         killer.stop()
+        pauser.finish()
     victim = faults.kill_worker("tool", lambda: sleeping(stack, waves[-1]))
     last_fault = faults.last
     ended = wait_all(stack, jobs, faults, SETTLE_S)
@@ -475,7 +527,7 @@ def test_load_under_faults(stack: Stack) -> None:
         "seed": seed, "jobs": len(jobs), "ended": len(ended),
         "actions": sum(len(j.results) for j in jobs),
         "faults": len(faults.made),
-        "worker kills": sum(n for what, n in kinds.items() if "worker" in what),
+        "worker kills": sum(n for what, n in kinds.items() if what.endswith("worker killed")),
         "workers crashed": len(faults.crashed),
         "slowest worker start (s)": round(max(faults.starts, default=0.0), 2),
         "first submit -> last fault (s)": round(last_fault - began, 2),
@@ -490,6 +542,9 @@ def test_load_under_faults(stack: Stack) -> None:
         **{f"warnings {kind}": n for kind, n in sorted(warnings.items())},
         "action_redriven of queued, unclaimed actions": unclaimed,
         "starts sent again after begin": sum(1 for log in logs.values() if after_begin(log)),
+        "workers paused and woken": len(faults.woken),
+        **{f"stale writes refused {write}": int(n)
+           for write, n in sorted(stack.stale_writes().items())},
     }
     TIMINGS["load under faults"] = figures
     if os.environ.get("CORTEX_CHAOS_FIGURES"):  # for scripts/chaos_loop.py
@@ -508,6 +563,7 @@ def test_load_under_faults(stack: Stack) -> None:
                        message=lambda: f"queues not drained: "
                                        f"{[(q, stack.client.llen(q)) for q in QUEUES]}")
     faults.revive()
+    harness.stop_all(processes=faults.woken)  # the stack has one worker per pool again
 
 
 def test_a_start_cut_short_after_begin_is_sent_again(stack: Stack) -> None:
