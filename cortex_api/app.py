@@ -18,6 +18,7 @@ from cortex_api.errors import install_handlers
 from cortex_api.limits import BodyLimitMiddleware, body_limit
 from cortex_api.readiness import ReadinessProbe, celery_inspector, required_pools
 from cortex_api.routes import (
+    a2a,
     agui,
     health,
     jobs,
@@ -87,6 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(usage.router)
     app.include_router(metrics.router, dependencies=[Depends(metrics_guard)])  # metrics_public
     app.include_router(page.router)
+    app.include_router(a2a.router)  # /v1/a2a/{name}: each agent as an A2A server
     mcp_endpoint = mcp.mount(app)  # /mcp: the agents as MCP tools
     return app
 
