@@ -16,7 +16,7 @@ import anyio
 import httpx
 import httpx2
 import pytest
-from mcp import ClientSession
+from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, CallToolResult
@@ -119,6 +119,28 @@ def test_a_call_runs_the_agent_and_reports_progress(api: harness.Process,
                         "action a started", "action a completed", "turn 2", "job completed"]
     values = [value for value, _ in progress]
     assert values == sorted(values) and len(set(values)) == len(values)  # seqs: increasing
+
+
+def test_the_2026_07_28_envelope_serves_the_same_call(api: harness.Process,
+                                                      llm: FakeLLM) -> None:
+    """The SDK's `Client` negotiates 2026-07-28 (no handshake, a per-request envelope): the
+    same tools, result and progress."""
+    llm.script("tester", [turn(final("Modern."))])
+    progress: list[str | None] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(message)
+
+    async def main() -> CallToolResult:
+        async with Client(f"{api.url}/mcp") as client:
+            assert client.protocol_version == "2026-07-28"
+            assert "tester" in [tool.name for tool in (await client.list_tools()).tools]
+            return await client.call_tool("tester", {"input": "Hi."},
+                                          progress_callback=on_progress)
+
+    result = anyio.run(main)
+    assert not result.is_error and text(result) == "Modern."
+    assert progress[-1] == "job completed" and "turn 1" in progress
 
 
 def test_session_id_continues_a_session(api: harness.Process, llm: FakeLLM) -> None:
