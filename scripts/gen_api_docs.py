@@ -37,6 +37,7 @@ goes.
 
 Every route except the health checks is under `/v1`. Bodies are JSON. The app also serves its
 OpenAPI document at `/openapi.json` and interactive docs at `/docs`.
+MCP clients reach the agents as tools at `/mcp` ([integrations](integrations.md#mcp)).
 
 ```shell
 $ curl -s -X POST http://127.0.0.1:8000/v1/jobs \\
