@@ -213,16 +213,18 @@ async def event_stream(source: EventSource, job_id: str, after: int = 0, *,
                        heartbeat_s: float = HEARTBEAT_S, page: int = PAGE_SIZE) -> AsyncIterator[str]:
     """SSE text of a job's events after seq `after`, each written by `encode` (in seq order,
     once; "" writes nothing); ends after the job's last event."""
-    async with aclosing(_log(source, job_id, after, heartbeat_s, page)) as items:
+    async with aclosing(job_events(source, job_id, after, heartbeat_s, page)) as items:
         async for item in items:
             text = sse_comment(item) if isinstance(item, str) else encode(item)
             if text:
                 yield text
 
 
-async def _log(source: EventSource, job_id: str, after: int, heartbeat_s: float,
-               page: int) -> AsyncIterator[Event | str]:
+async def job_events(source: EventSource, job_id: str, after: int = 0,
+                     heartbeat_s: float = HEARTBEAT_S,
+                     page: int = PAGE_SIZE) -> AsyncIterator[Event | str]:
     """The events after seq `after`, and comments (str) for the client; ends after the last.
+    The one way every protocol follows a job (SSE, AG-UI, MCP progress, A2A updates).
 
     A Redis error (a lost connection, or no free connection in the replay pool while the API
     is overloaded) does not cut the stream: it starts again where it stopped, after a pause
@@ -232,7 +234,7 @@ async def _log(source: EventSource, job_id: str, after: int, heartbeat_s: float,
     pauses = iter(REDIS_PAUSES_S)
     while True:
         sent = cursor.last
-        try:  # closed with `_log`, so that its listener leaves the hub at once
+        try:  # closed with `job_events`, so that its listener leaves the hub at once
             async with aclosing(_follow(source, job_id, cursor, heartbeat_s, page)) as items:
                 async for item in items:
                     yield item
@@ -253,7 +255,7 @@ async def _log(source: EventSource, job_id: str, after: int, heartbeat_s: float,
 
 async def _follow(source: EventSource, job_id: str, cursor: Cursor, heartbeat_s: float,
                   page: int) -> AsyncIterator[Event | str]:
-    """`_log` between two Redis errors: subscribe, replay after `cursor`, then live events."""
+    """`job_events` between two Redis errors: subscribe, replay after `cursor`, then live."""
     async with source.listen(job_id) as listener:  # subscribed before the replay reads the log
         async for event in catch_up(source, job_id, cursor, page):
             yield event

@@ -11,9 +11,8 @@ See docs/integrations.md#mcp.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -41,12 +40,12 @@ from starlette.types import Receive, Scope, Send
 from cortex_api.auth import Caller, caller
 from cortex_api.models import MessageCreate
 from cortex_api.routes import sessions
-from cortex_api.sse import EventHub, event_stream, is_terminal
+from cortex_api.sse import EventHub, is_terminal, job_events
 from cortex_worker.errors import CortexError
 from cortex_worker.handles import get_registry
 from cortex_worker.jobs.lifecycle import submit_agent
 from cortex_worker.protocol.events import EventType
-from cortex_worker.store.state import Store, dumps
+from cortex_worker.store.state import Store
 
 PATH = "/mcp"
 #: Where the request's `Caller` waits for the tool handler (`scope["state"]`).
@@ -179,10 +178,11 @@ def _submit(store: Store, request: Request, who: Caller, agent: str, call: Agent
 
 async def _events(hub: EventHub, job_id: str) -> AsyncIterator[dict[str, Any]]:
     """The job's events until its last, through the one follow of the SSE routes (replay,
-    live, Redis outages ridden out), each written as its JSON; keep-alive comments skipped."""
-    async for text in event_stream(hub, job_id, encode=dumps):
-        if not text.startswith(":"):
-            yield json.loads(text)
+    live, Redis outages ridden out); comments for SSE clients skipped."""
+    async with aclosing(job_events(hub, job_id)) as items:
+        async for item in items:
+            if not isinstance(item, str):
+                yield item
 
 
 async def _follow(ctx: ServerRequestContext[Any], hub: EventHub,

@@ -52,7 +52,7 @@ from cortex_api.models import MessageCreate, SessionCreate
 from cortex_api.routes.a2a.tasks import message_text, task_of, updates_of
 from cortex_api.routes.sessions import create_session, post_message
 from cortex_api.sse import HEARTBEAT_S, PAGE_SIZE, EventHub, is_terminal
-from cortex_api.sse import _log as job_log
+from cortex_api.sse import job_events as job_log
 from cortex_worker.jobs.lifecycle import cancel_job
 from cortex_worker.jobs.options import JobOptions
 from cortex_worker.jobs.record import JobRecord
