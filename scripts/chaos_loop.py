@@ -76,7 +76,14 @@ def line(result: dict[str, Any]) -> str:
             f"re-run actions {f.get(RERUNS, '?')} (most starts {f.get(MOST, '?')}); "
             f"warnings {warnings} ({UNCLAIMED}: {f.get(UNCLAIMED, '?')}); slowest worker start "
             f"{f.get('slowest worker start (s)', '?')} s; starts sent again after begin "
-            f"{f.get('starts sent again after begin', '?')}")
+            f"{f.get('starts sent again after begin', '?')}; workers paused and woken "
+            f"{f.get('workers paused and woken', '?')}, their writes refused {stale(f)}")
+
+
+def stale(figures: dict[str, Any]) -> dict[str, Any]:
+    """The writes of woken workers the store refused (fencing), by what was written."""
+    return {k.removeprefix("stale writes refused "): v for k, v in figures.items()
+            if k.startswith("stale writes refused ")}
 
 
 def main() -> int:
@@ -131,6 +138,13 @@ def main() -> int:
         print(f"slowest worker start (s): worst {max(starts)}")
         print("starts sent again after begin: total "
               f"{sum(r['figures'].get('starts sent again after begin', 0) for r in measured)}")
+        refused: dict[str, int] = {}
+        for r in measured:
+            for write, n in stale(r["figures"]).items():
+                refused[write] = refused.get(write, 0) + n
+        print(f"workers paused and woken: total "
+              f"{sum(r['figures'].get('workers paused and woken', 0) for r in measured)}; "
+              f"their writes refused (fencing), total: {refused}")
         crashed = sum(r["figures"].get("workers crashed", 0) for r in measured)
         print(f"workers crashed: total {crashed}")
         print(f"run time (s): worst {max(r['wall (s)'] for r in results)}, "
