@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from ag_ui.core import RunAgentInput, UserMessage
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -31,11 +31,13 @@ from cortex_api.auth import Caller, CallerDep
 from cortex_api.deps import HubDep, SettingsDep, StoreDep
 from cortex_api.errors import api_error, responses
 from cortex_api.sse import (
+    Event,
     EventHub,
     EventStreamResponse,
-    event_stream,
     history,
+    job_events,
     resume_point,
+    sse_comment,
     sse_message,
 )
 from cortex_worker.errors import CortexError
@@ -103,13 +105,19 @@ def thread_session(tenant: str, agent: str, thread_id: str) -> str:
                               "description": "AG-UI events, one per message: `id: <seq>`, "
                                              "`data: <AG-UI event JSON>`"},
                         **responses(400, 404, 422)})
-async def run_agent(name: str, body: RunAgentInput, store: StoreDep, hub: HubDep,
-                    settings: SettingsDep, caller: CallerDep,
+async def run_agent(name: Annotated[str, Path(description="the agent")], body: RunAgentInput,
+                    store: StoreDep, hub: HubDep, settings: SettingsDep, caller: CallerDep,
                     last_event_id: Annotated[str | None, Header(
                         description="resume the run after this seq")] = None
                     ) -> EventStreamResponse:
-    """Run agent `name` on an AG-UI `RunAgentInput`: the thread is a session, the run a job
-    (a run id posted again attaches to it); answers the run's AG-UI events."""
+    """Run agent `name` for an AG-UI client: the thread is a session, the run a job (a run
+    id posted again attaches to it and replays it); answers the run's AG-UI events.
+
+    The events are those of `GET /v1/jobs/{id}/events?format=ag-ui`, under the client's
+    thread and run ids, after a `CUSTOM` event `cortex.run` naming the job. An action
+    awaiting approval ends the run with an interrupt; the next run's `resume` answers it and
+    the same job goes on. A run that cannot start is one `RUN_ERROR`. See
+    [integrations](integrations.md#ag-ui)."""
     if name not in get_registry().agents:
         raise api_error(404, f"no agent named {name!r}", agents=sorted(get_registry().agents))
     props = _props(body.forwarded_props)
@@ -317,21 +325,22 @@ async def _stream(hub: EventHub, store: Store, body: RunAgentInput, run: Run,
         agui.seen(event)
     if agui.ended:
         return
-    async with aclosing(event_stream(hub, run.job_id, join,
-                                     encode=lambda event: _sse(agui(event)))) as texts:
-        step = asyncio.ensure_future(_next(texts))
+    async with aclosing(job_events(hub, run.job_id, join)) as items:
+        step = asyncio.ensure_future(_next(items))
         try:
             while True:
                 wait = PAUSE_POLL_S if agui.awaiting and agui.until is None else None
                 done, _ = await asyncio.wait({step}, timeout=wait)
                 if step in done:
-                    text = step.result()
-                    if text is None:
+                    item = step.result()
+                    if item is None:
                         return
-                    yield text
+                    text = sse_comment(item) if isinstance(item, str) else _sse(agui(item))
+                    if text:
+                        yield text
                     if agui.ended:
                         return
-                    step = asyncio.ensure_future(_next(texts))
+                    step = asyncio.ensure_future(_next(items))
                 if agui.awaiting and agui.until is None:
                     until = await run_in_threadpool(_paused, store, run)
                     if until is not None:
@@ -346,9 +355,9 @@ async def _stream(hub: EventHub, store: Store, body: RunAgentInput, run: Run,
                 await step
 
 
-async def _next(texts: AsyncIterator[str]) -> str | None:
-    """The stream's next text, None at its end (a task: waiting for it can time out)."""
-    return await anext(texts, None)
+async def _next(items: AsyncIterator[Event | str]) -> Event | str | None:
+    """The stream's next item, None at its end (a task: waiting for it can time out)."""
+    return await anext(items, None)
 
 
 def _paused(store: Store, run: Run) -> int | None:
