@@ -18,7 +18,7 @@ Every problem is reported naming the file and the field, e.g.
 `examples/manifests/tools.yaml: tools[2] 'grep2': runtime: Input should be ...`. Loading goes
 on past a broken object or file, and one `ManifestError` lists every problem found.
 
-Adding a kind (Relic, Workflow): a model with `kind: Literal[...]` and `name`, a `dict`
+Adding a kind (Relic, Workflow, RemoteAgent): a model with `kind: Literal[...]` and `name`, a `dict`
 field on `Registry`, and one `Kind` entry in `KINDS`. A kind's `check` sees one object alone;
 its `link` runs after every file has loaded, so it may look up other objects in the registry
 (in any file, in any order) and read files relative to the manifest.
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from cortex_worker.actions.types.internal import INTERNAL_ACTIONS
 from cortex_worker.agents.spec import AgentSpec
@@ -100,6 +100,8 @@ class Registry:
     """Python modules whose `@tool` functions are tools (see `tools.function`)."""
     mcp_servers: dict[str, MCPServerSpec] = field(default_factory=dict)
     """MCP servers whose tools are tools named `<server>.<tool>` (see `cortex_worker.services.mcp`)."""
+    remote_agents: dict[str, RemoteAgentSpec] = field(default_factory=dict)
+    """Agents served elsewhere over A2A (`kind: RemoteAgent`), called as `type="agent"`."""
     sources: dict[tuple[str, str], str] = field(default_factory=dict)
     """(kind, name) → the file that declared it, or "<built-in>"."""
     directory: Path | None = None
@@ -243,11 +245,11 @@ def _link_agent(spec: AgentSpec, registry: Registry, path: Path) -> AgentSpec:
             raise ValueError(
                 f"agents[{index}]: an agent cannot list itself; nest other agents instead"
             )
-        if name not in registry.agents:
-            known = ", ".join(sorted(registry.agents)) or "none"
+        if name not in registry.agents and name not in registry.remote_agents:
+            known = ", ".join(sorted([*registry.agents, *registry.remote_agents])) or "none"
             raise ValueError(
-                f"agents[{index}]: unknown agent {name!r}; declare it with kind: Agent or remove "
-                f"it (known agents: {known})"
+                f"agents[{index}]: unknown agent {name!r}; declare it with kind: Agent or "
+                f"kind: RemoteAgent, or remove it (known agents: {known})"
             )
     for index, feed in enumerate(spec.context_feeds):
         if feed.source.type == "tool" and feed.source.name not in registry.tools:
@@ -306,6 +308,42 @@ class ToolModuleSpec(BaseModel):
                       pattern=r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
+class RemoteAgentSpec(BaseModel):
+    """`kind: RemoteAgent`: an agent served elsewhere over A2A 1.0, which agents and documents
+    call as `<action type="agent">` like a local one (`agents.remote` runs the calls)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["RemoteAgent"] = "RemoteAgent"
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+    description: str = Field(default="", description="what it does, for the prompts of the "
+                             "agents that list it")
+    card_url: str = Field(description="the URL of its Agent Card, e.g. `https://host/"
+                          ".well-known/agent-card.json`; `${VAR}` is read from the environment "
+                          "when it is called")
+    auth_env: str | None = Field(default=None, description="environment variable holding a "
+                                 "token, sent as `Authorization: Bearer <token>`")
+    timeout_s: float | None = Field(default=None, gt=0, description="how long a call may take, "
+                                    "waiting for the remote task included (default: the "
+                                    "action's, else default_action_timeout_s)")
+
+    @field_validator("card_url")
+    @classmethod
+    def _card_url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://", "${")):  # `${VAR}` may hold the scheme
+            raise ValueError(f"{url!r} is not an http(s) URL")
+        return url
+
+
+def _link_remote_agent(spec: RemoteAgentSpec, registry: Registry,
+                       path: Path) -> RemoteAgentSpec:
+    """One name, one agent: a `type="agent"` action looks local agents up first."""
+    if spec.name in registry.agents:
+        raise ValueError(f"name: agent {spec.name!r} is also declared with kind: Agent "
+                         f"(in {registry.source('Agent', spec.name)}); choose another name")
+    return spec
+
+
 KINDS: dict[str, Kind] = {
     "Tool": Kind("Tool", "tools", ToolSpec, _check_tool),
     "ToolModule": Kind("ToolModule", "tool_modules", ToolModuleSpec),
@@ -314,6 +352,8 @@ KINDS: dict[str, Kind] = {
     "Relic": Kind("Relic", "relics", RelicSpec, check_relic, _link_relic),
     "MCPServer": Kind("MCPServer", "mcp_servers", MCPServerSpec),
     "Model": Kind("Model", "models", ModelSpec),
+    "RemoteAgent": Kind("RemoteAgent", "remote_agents", RemoteAgentSpec,
+                        link=_link_remote_agent),
 }
 SECTIONS: dict[str, Kind] = {kind.section: kind for kind in KINDS.values()}
 

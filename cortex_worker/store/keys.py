@@ -159,3 +159,9 @@ def relic_kv_key(namespace: str, key: str) -> str:
     """A key of the built-in `kv` relic: one namespace per agent, so agents never share keys
     (`relic_kv_key(namespace, "")` is the namespace's prefix, for SCAN)."""
     return f"{RELIC_KV_PREFIX}:{namespace}:{key}"
+
+
+def remote_tasks_key(job_id: str) -> str:
+    """Hash: action id -> the A2A task a `kind: RemoteAgent` call of the job started (JSON
+    `{task_id, context_id, agent}`), so a later attempt follows it instead of sending again."""
+    return f"{PREFIX}:{{{job_id}}}:a2a"

@@ -35,6 +35,7 @@ from cortex_worker.store.keys import (
     alive_key,
     job_keys,
     model_keys,
+    remote_tasks_key,
     session_key,
     slot_keys,
     tenant_index,
@@ -1022,3 +1023,23 @@ class Store:
                 or ActionStatus.awaiting_approval not in statuses or busy.intersection(statuses):
             return None
         return int(seq or 0)
+
+    # -- remote A2A tasks (agents/remote.py) --------------------------------------------
+    def remote_task(self, job_id: str, action_id: str) -> dict[str, Any] | None:
+        """The remote task an action's call started (`remote_tasks_key`), None if none yet."""
+        raw = self.redis.hget(remote_tasks_key(job_id), action_id)
+        return None if raw is None else json.loads(raw)
+
+    def record_remote_task(self, job_id: str, action_id: str,
+                           record: dict[str, Any]) -> dict[str, Any]:
+        """Record the remote task an action's call started, once, kept as long as the job's
+        keys and on the replicas before this returns; returns the record that stands (an
+        earlier attempt's, if one was recorded first)."""
+        key = remote_tasks_key(job_id)
+        pipe = self.redis.pipeline()
+        pipe.hsetnx(key, action_id, dumps(record))
+        pipe.hget(key, action_id)
+        pipe.expire(key, self._ttl(job_id))
+        raw = pipe.execute()[1]
+        self._barrier("record_remote_task")
+        return dict(json.loads(raw))

@@ -23,6 +23,7 @@ from cortex_worker.protocol.variables import find_references
 
 if TYPE_CHECKING:
     from cortex_worker.llm.config import ModelConfig
+    from cortex_worker.manifests.loader import RemoteAgentSpec
     from cortex_worker.services.relics.spec import RelicSpec
     from cortex_worker.settings import Settings
     from cortex_worker.tools.spec import ToolSpec
@@ -98,6 +99,10 @@ class Tables(Protocol):
 
     @property
     def relics(self) -> Mapping[str, RelicSpec]: ...
+
+    @property
+    def remote_agents(self) -> Mapping[str, RemoteAgentSpec]: ...
+    """Agents served elsewhere over A2A: `type="agent"` targets too (`types.agent`)."""
 
 
 @dataclass(frozen=True, slots=True)
