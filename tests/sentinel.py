@@ -7,10 +7,20 @@ config file written here, so no `redis-sentinel` binary is needed.
         env["CORTEX_REDIS_URL"] = cluster.url       # redis+sentinel://.../cortex/0
         old = cluster.kill_master()
         new = cluster.wait_failover(old)            # the replica, promoted
+
+`SentinelCluster(tmp_path, replica_delay_s=0.4, failover_timeout_ms=600_000)` makes the replica
+lag: it replicates through a `DelayingProxy` that holds the master's stream for 0.4 s, and
+whatever the proxy still holds when the master dies never reaches the replica (as bytes in
+flight to a replica are lost when the master's machine goes).
 """
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +52,146 @@ def role(port: int) -> str | None:
         client.close()
 
 
+class DelayingProxy:
+    """A TCP proxy on loopback in front of `upstream_port` (a master) for its replica: every
+    byte the upstream sends is held `delay_s` before it is passed on (the replica lags by
+    that much, as over a slow or congested link), bytes the other way go at once (the
+    replica's acknowledgements, REPLCONF ACK, are not delayed: WAIT sees what it really has).
+
+    When the upstream closes (the master killed), whatever the proxy still holds is dropped
+    and the replica's connection closed: writes the master made in its last `delay_s` never
+    reach the replica unless something waited for them. `dropped` counts those bytes.
+
+    Threads of this process only (one to accept, three per connection); `close` stops them."""
+
+    CHUNK = 65536
+
+    def __init__(self, upstream_port: int, delay_s: float) -> None:
+        self.upstream_port = upstream_port
+        self.delay_s = delay_s
+        self.port = 0
+        self.forwarded = 0  # bytes passed on to the replica
+        self.dropped = 0  # bytes held when the upstream closed, never passed on
+        self._listener: socket.socket | None = None
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+
+    def start(self) -> DelayingProxy:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((harness.LOOPBACK, 0))
+        listener.listen(8)
+        self._listener = listener
+        self.port = listener.getsockname()[1]
+        threading.Thread(target=self._accept, name=f"delay-proxy-{self.port}",
+                         daemon=True).start()
+        return self
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        if self._listener is not None:
+            sockets.append(self._listener)
+        for sock in sockets:
+            self._shut(sock)
+
+    def __enter__(self) -> DelayingProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def _shut(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            sock.close()
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while not self._closed.is_set():
+            try:
+                downstream, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection((harness.LOOPBACK, self.upstream_port),
+                                                    timeout=1.0)
+            except OSError:  # the master is down: the replica tries again later
+                self._shut(downstream)
+                continue
+            upstream.settimeout(None)
+            for sock in (downstream, upstream):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self._sockets += [downstream, upstream]
+            held: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
+            for target, args in ((self._pass, (downstream, upstream)),
+                                 (self._hold, (upstream, held, downstream)),
+                                 (self._release, (held, downstream, upstream))):
+                threading.Thread(target=target, args=args, daemon=True).start()
+
+    def _pass(self, source: socket.socket, sink: socket.socket) -> None:
+        """replica -> master, at once."""
+        try:
+            while data := source.recv(self.CHUNK):
+                sink.sendall(data)
+        except OSError:
+            pass
+        self._shut(sink)
+        self._shut(source)
+
+    def _hold(self, source: socket.socket, held: queue.Queue[tuple[float, bytes] | None],
+              replica: socket.socket) -> None:
+        """master -> the queue, each piece stamped with when it may go on."""
+        try:
+            while data := source.recv(self.CHUNK):
+                held.put((time.monotonic() + self.delay_s, data))
+        except OSError:
+            pass
+        held.put(None)
+        self._shut(replica)  # the master is gone: what is still held is lost with it
+
+    def _release(self, held: queue.Queue[tuple[float, bytes] | None], sink: socket.socket,
+                 master: socket.socket) -> None:
+        """the queue -> the replica, each piece once its time has come."""
+        broken = False
+        while (item := held.get()) is not None:
+            due, data = item
+            if not broken:
+                time.sleep(max(0.0, due - time.monotonic()))
+                try:
+                    sink.sendall(data)
+                except OSError:
+                    broken = True
+                else:
+                    with self._lock:
+                        self.forwarded += len(data)
+                    continue
+            with self._lock:
+                self.dropped += len(data)
+        self._shut(master)
+
+
 class SentinelCluster:
     """A master, one replica (`--replicaof`) and three sentinels (quorum 2) monitoring them as
     `MASTER_NAME`; `down_after_ms` and `failover_timeout_ms` short, so a killed master is
-    replaced within seconds. `url` is the `redis+sentinel://` URL Cortex is given."""
+    replaced within seconds. `url` is the `redis+sentinel://` URL Cortex is given.
+
+    `replica_delay_s` > 0: the replica replicates through a `DelayingProxy` (`proxy`), so it
+    lags that much behind the master. The sentinels see the replica following the proxy's
+    port, not the master's, and "fix" it (point it at the master itself, `+fix-slave-config`)
+    once the replica has been up for `failover_timeout_ms`: give a long one (minutes) so the
+    lag lasts the test."""
 
     def __init__(self, directory: Path, *, down_after_ms: int = 1000,
-                 failover_timeout_ms: int = 5000) -> None:
+                 failover_timeout_ms: int = 5000, replica_delay_s: float = 0.0) -> None:
         self.directory = directory
+        self.replica_delay_s = replica_delay_s
+        self.proxy: DelayingProxy | None = None
         self.down_after_ms = down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
         self.nodes: list[harness.RedisServer] = []
@@ -69,7 +211,11 @@ class SentinelCluster:
         """Master, replica (in sync), then the sentinels, ready once each knows the replica and
         the two other sentinels (a failover needs both)."""
         master = self._server("master").start()
-        replica = self._server("replica", "--replicaof", harness.LOOPBACK, str(master.port))
+        upstream = master.port
+        if self.replica_delay_s > 0:
+            self.proxy = DelayingProxy(master.port, self.replica_delay_s).start()
+            upstream = self.proxy.port
+        replica = self._server("replica", "--replicaof", harness.LOOPBACK, str(upstream))
         replica.start()
         harness.wait_until(lambda: self._in_sync(replica.port), timeout=30,
                            message="the replica did not sync with the master")
@@ -84,6 +230,8 @@ class SentinelCluster:
         harness.stop_all(processes=self.sentinels)
         for node in self.nodes:
             node.close()
+        if self.proxy is not None:
+            self.proxy.close()
 
     def __enter__(self) -> SentinelCluster:
         return self.start()

@@ -26,10 +26,16 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import MasterNotFoundError as AsyncMasterNotFoundError
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+from redis.asyncio.sentinel import SentinelManagedConnection as AsyncSentinelConnection
 from redis.backoff import NoBackoff
 from redis.exceptions import NoPermissionError, ReadOnlyError
 from redis.retry import Retry
-from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
+from redis.sentinel import (
+    MasterNotFoundError,
+    Sentinel,
+    SentinelConnectionPool,
+    SentinelManagedConnection,
+)
 
 from cortex_worker.errors import CortexError
 
@@ -201,6 +207,35 @@ def _redact(url: str) -> str:
 
 
 # -- clients -------------------------------------------------------------------------------
+class _SentinelConnection(SentinelManagedConnection):
+    """redis-py's connection to a Sentinel-named node, that asks the sentinels again whenever
+    it reconnects. redis-py (8.1) asks them only in `connect()`, which a connection taken from
+    the pool goes through; a command whose connection broke under it (the master killed while
+    a write waited for its replica) is sent again by `send_packed_command`, which reconnects
+    through `connect_check_health` to the address it had: the dead master, every retry, until
+    the write failed after about 35 s with the replica long promoted."""
+
+    def connect_check_health(self, check_health: bool = True,
+                             retry_socket_connect: bool = True) -> None:
+        if self._sock is None and retry_socket_connect:  # not from connect_to: look again
+            self.connect()
+            return
+        super().connect_check_health(check_health=check_health,
+                                     retry_socket_connect=retry_socket_connect)
+
+
+class _AsyncSentinelConnection(AsyncSentinelConnection):
+    """The asyncio form of `_SentinelConnection`."""
+
+    async def connect_check_health(self, check_health: bool = True,
+                                   retry_socket_connect: bool = True) -> None:
+        if not self.is_connected and retry_socket_connect:
+            await self.connect()
+            return
+        await super().connect_check_health(check_health=check_health,
+                                           retry_socket_connect=retry_socket_connect)
+
+
 class _BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
     """redis-py's Sentinel pool, whose callers wait for a free connection (up to `timeout`)
     instead of failing when `max_connections` are in use, as `BlockingConnectionPool` does."""
@@ -229,7 +264,7 @@ def sync_client(url: str, *, retry: Retry, max_connections: int, pool_timeout: f
                         sentinel_kwargs=target.sentinel_kwargs(Retry(NoBackoff(), 0)))
     client: redis.Redis = sentinel.master_for(
         target.master_name, connection_pool_class=_BlockingSentinelPool,
-        **target.master_kwargs(), **options)
+        connection_class=_SentinelConnection, **target.master_kwargs(), **options)
     return client
 
 
@@ -256,7 +291,8 @@ def async_client(url: str, *, retry: AsyncRetry, max_connections: int | None = N
     pool_class = AsyncSentinelPool if max_connections is None else _AsyncBlockingSentinelPool
     pick = sentinel.slave_for if replica else sentinel.master_for
     client: aioredis.Redis = pick(
-        target.master_name, connection_pool_class=pool_class, **target.master_kwargs(), **options)
+        target.master_name, connection_pool_class=pool_class,
+        connection_class=_AsyncSentinelConnection, **target.master_kwargs(), **options)
     return client
 
 
