@@ -248,8 +248,8 @@ def _link_agent(spec: AgentSpec, registry: Registry, path: Path) -> AgentSpec:
         if name not in registry.agents and name not in registry.remote_agents:
             known = ", ".join(sorted([*registry.agents, *registry.remote_agents])) or "none"
             raise ValueError(
-                f"agents[{index}]: unknown agent {name!r}; declare it with kind: Agent or "
-                f"kind: RemoteAgent, or remove it (known agents: {known})"
+                f"agents[{index}]: unknown agent {name!r}; declare it with kind: Agent or remove "
+                f"it (known agents: {known})"
             )
     for index, feed in enumerate(spec.context_feeds):
         if feed.source.type == "tool" and feed.source.name not in registry.tools:
