@@ -53,6 +53,9 @@ router = APIRouter(prefix="/v1/agents", tags=["ag-ui"])
 #: How long a post of a run id waits for the post that claimed it to start its job.
 CLAIM_WAIT_S = 10.0
 CLAIM_POLL_S = 0.05
+#: A run claimed this long ago whose job is still unknown never started (its API process
+#: died between the claim and the submit): the claim is dropped.
+STALE_CLAIM_S = 60.0
 #: While an approval is awaited, how often a stream asks whether the job now waits only for
 #: people (its run then ends with an interrupt); events ask too, as they come.
 PAUSE_POLL_S = 0.5
@@ -174,6 +177,9 @@ def _attach(store: Store, session_id: str, run_id: str) -> Run:
             raise RunRefused("run_not_started", f"run {run_id!r} could not start; post a new run")
         if record["job"] is not None:
             return Run(session_id, run_id, record["job"], record["after"], record["until"])
+        if time.time() - record["at"] > STALE_CLAIM_S:  # its API process died mid-start
+            store.drop_agui_run(session_id, run_id)
+            raise RunRefused("run_not_started", f"run {run_id!r} could not start; post it again")
         if time.monotonic() > deadline:
             raise RunRefused("run_starting", f"run {run_id!r} is still starting; post it again")
         time.sleep(CLAIM_POLL_S)

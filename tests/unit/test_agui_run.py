@@ -4,13 +4,14 @@ resumed by the next run of the same job."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from ag_ui.core import RunFinishedEvent
 
 from cortex_api.agui import AgUiRun
-from cortex_api.routes.agui import thread_session
+from cortex_api.routes.agui import Run, RunRefused, _attach, thread_session
 from tests.agui_checks import assert_well_formed, parse_all
 from tests.unit.test_agui import AGENT, JOB, log, parsed
 
@@ -144,3 +145,25 @@ def test_a_thread_is_a_session_of_one_tenant_and_agent() -> None:
     assert len(sessions) == 4
     assert thread_session("acme", "tester", "thread-1") == thread_session("acme", "tester",
                                                                           "thread-1")
+
+
+class Runs:
+    """The AG-UI part of a Store, in memory."""
+
+    def __init__(self, records: dict[str, dict[str, Any]]) -> None:
+        self.records = records
+
+    def agui_runs(self, session_id: str) -> dict[str, dict[str, Any]]:
+        return dict(self.records)
+
+    def drop_agui_run(self, session_id: str, run_id: str) -> None:
+        self.records.pop(run_id, None)
+
+
+def test_a_run_whose_start_never_finished_is_dropped_and_can_be_posted_again() -> None:
+    stale = Runs({"r1": {"job": None, "after": 0, "until": None, "at": time.time() - 3600}})
+    with pytest.raises(RunRefused) as refused:
+        _attach(stale, "s1", "r1")  # type: ignore[arg-type]
+    assert refused.value.code == "run_not_started" and stale.records == {}
+    started = Runs({"r1": {"job": "j1", "after": 5, "until": 9, "at": time.time()}})
+    assert _attach(started, "s1", "r1") == Run("s1", "r1", "j1", 5, 9)  # type: ignore[arg-type]
