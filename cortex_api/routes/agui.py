@@ -153,19 +153,20 @@ def _prepare(store: Store, settings: Settings, caller: Caller, agent: str, body:
              props: CortexProps) -> Run:
     """The run the body names: attached to if posted before, else started (RunRefused)."""
     session_id = thread_session(caller.tenant, agent, body.thread_id)
+    runs = store.agui_runs(session_id)
+    if body.run_id in runs:
+        return _attach(store, session_id, body.run_id)
     session = store.get_session(session_id)
+    last_job: str | None = session["jobs"][-1] if session and session["jobs"] else None
+    if body.resume:
+        return _resume(store, session_id, body, runs, last_job, caller)
+    text = _user_text(body)  # a 422 before the thread is created
     if session is None:
         store.create_session(session_id, agent, props.options.model_dump(),
                              settings.event_retention_s, tenant=caller.tenant)
         session = store.get_session(session_id)
         assert session is not None
-    runs = store.agui_runs(session_id)
-    if body.run_id in runs:
-        return _attach(store, session_id, body.run_id)
-    last_job: str | None = session["jobs"][-1] if session["jobs"] else None
-    if body.resume:
-        return _resume(store, session_id, body, runs, last_job, caller)
-    return _start(store, session, body, runs, last_job, caller)
+    return _start(store, session, body, text, runs, last_job, caller)
 
 
 def _attach(store: Store, session_id: str, run_id: str) -> Run:
@@ -185,14 +186,13 @@ def _attach(store: Store, session_id: str, run_id: str) -> Run:
         time.sleep(CLAIM_POLL_S)
 
 
-def _start(store: Store, session: dict[str, Any], body: RunAgentInput,
+def _start(store: Store, session: dict[str, Any], body: RunAgentInput, text: str,
            runs: dict[str, dict[str, Any]], last_job: str | None, caller: Caller) -> Run:
-    """A new message: the session's next job, whose input is the user's last message."""
+    """A new message: the session's next job, whose input is `text`, the user's message."""
     session_id = session["id"]
     if last_job is not None and _pending(store, session_id, runs, last_job) is not None:
         raise RunRefused("interrupted", "the thread waits for answers to its interrupts: "
                                         "send them in `resume`")
-    text = _user_text(body)
     history = [{"role": m["role"], "content": m["content"]} for m in session["messages"]] \
         or _client_history(body)
     record = {"job": None, "after": 0, "until": None, "at": time.time()}

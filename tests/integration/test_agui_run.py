@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from cortex_api.routes.agui import thread_session
+from cortex_worker.store.keys import session_key
 from tests import harness
 from tests.agui_checks import assert_well_formed, parse
 from tests.agui_client import Step, StepReport, run_client, user
@@ -329,3 +331,15 @@ def test_cors_is_on_for_the_configured_origins(guarded_api: harness.Process) -> 
     refused = httpx.post(endpoint(guarded_api), json={}, headers={"Origin": ORIGIN}, timeout=30)
     assert refused.status_code == 401  # errors too carry the header, so the page can read them
     assert refused.headers["access-control-allow-origin"] == ORIGIN
+
+
+def test_a_run_whose_last_message_is_not_the_users_is_a_422(api: harness.Process,
+                                                           redis_client: Any) -> None:
+    tid = thread()
+    response = httpx.post(endpoint(api), json={
+        "threadId": tid, "runId": "r", "messages": [
+            user("Hi."), {"id": "a1", "role": "assistant", "content": "Hello."}]}, timeout=30)
+    assert response.status_code == 422
+    assert response.json()["detail"]["message"].startswith(
+        "invalid request (body.messages): the last message must be the user's")
+    assert not redis_client.exists(session_key(thread_session("default", "tester", tid)))
