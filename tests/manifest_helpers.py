@@ -15,10 +15,9 @@ TEST_MANIFESTS = REPO_ROOT / "tests" / "manifests"
 EXAMPLE_MANIFESTS = REPO_ROOT / "examples" / "manifests"
 TEST_AGENTS = sorted([
     "analyzer", "blocked", "cautious", "claude_tester", "clock", "comprehensive_analyzer",
-    "continuer",
-    "correlation_analyzer", "data_analyzer", "error_analyzer", "feed_lab", "feeder", "hasty",
-    "helper", "llm_feeder", "native", "native_clock", "pattern_analyzer", "retrier", "shallow",
-    "tester"])
+    "continuer", "correlation_analyzer", "data_analyzer", "error_analyzer", "feed_lab", "feeder",
+    "hasty", "helper", "llm_feeder", "must_act", "native", "native_clock", "pattern_analyzer",
+    "retrier", "shallow", "tester"])
 """The agents of tests/manifests/agents.yaml (and `clock`, `native_clock`, of mcp.yaml), sorted as the API
 lists them."""
 TEST_RELICS = ["broken", "echo", "log_service", "missing", "postgres_monitor", "results_cache"]

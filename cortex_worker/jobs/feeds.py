@@ -155,7 +155,7 @@ def _model(store: Store, job_id: str) -> dict[str, Any]:
     if model is None:
         raise FeedError("llm feeds need a model: an agent's, or CORTEX_DOCUMENT_MODEL in "
                         "documents")
-    return model.model_dump(mode="json")
+    return model.wire()
 
 
 def _internal(store: Store, job_id: str, name: str) -> Any:

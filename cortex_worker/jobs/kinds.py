@@ -88,7 +88,7 @@ class _PlannedKind:
         return None
 
     def model(self, job: JobRecord) -> ModelConfig | None:
-        return None if job.model is None else ModelConfig.model_validate(job.model)
+        return None if job.model is None else ModelConfig.from_wire(job.model)
 
 
 class DocumentKind(_PlannedKind):

@@ -78,7 +78,7 @@ def model_of_document(settings: Settings, options: JobOptions) -> dict[str, Any]
         return {}
     if isinstance(model, str):
         model = get_registry().model(model)
-    return {"model": model.named(options.model).model_dump(mode="json")}
+    return {"model": model.named(options.model).wire()}
 
 
 def submit_document(store: Store, text: str, *, options: JobOptions | None = None,
@@ -128,7 +128,7 @@ def submit_workflow(store: Store, name: str, inputs: Any, *, options: JobOptions
         "output": {"template": flow.output, "default": flow.last_step},
     }
     if flow.model is not None:
-        fields["model"] = flow.model.model_dump(mode="json")
+        fields["model"] = flow.model.wire()
     return _create(store, NewJob("workflow", fields, {"workflow": flow.name,
                                                       "steps": len(actions)},
                                  options=options, parent=parent, depth=depth, tenant=tenant,

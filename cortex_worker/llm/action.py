@@ -22,7 +22,7 @@ def run_llm_action(call: Call) -> Any:
     """The model's answer, as JSON when it parses, else as text."""
     if not call.spec.get("model"):
         raise ToolError("llm actions run with an agent's model; this job has none")
-    model = ModelConfig.model_validate(call.spec["model"])
+    model = ModelConfig.from_wire(call.spec["model"])
     params = call.params
     prompt = params["prompt"] if isinstance(params, dict) and set(params) == {"prompt"} \
         else dumps(params)

@@ -181,11 +181,17 @@ def to_messages_request(messages: list[dict[str, Any]],
     return request
 
 
+ANTHROPIC_TOOL_CHOICE = {"auto": "auto", "required": "any", "none": "none"}
+"""`ModelConfig.tool_choice` (OpenAI's words) as the Messages API's `tool_choice.type`."""
+
+
 def _request_body(config: ModelConfig, messages: list[dict[str, Any]],
                   tools: list[dict[str, Any]] | None) -> dict[str, Any]:
     body: dict[str, Any] = {"model": config.model,
                             "max_tokens": config.max_tokens or DEFAULT_MAX_TOKENS}
     body.update(to_messages_request(messages, tools))
+    if tools and config.tool_choice != "auto":
+        body["tool_choice"] = {"type": ANTHROPIC_TOOL_CHOICE[config.tool_choice]}
     if config.temperature is not None:
         body["temperature"] = config.temperature
     body["stream"] = True

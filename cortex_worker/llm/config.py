@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from typing import Annotated, Any, Literal
@@ -19,6 +20,8 @@ from pydantic import (
 
 from cortex_worker.tools.spec import check_name
 
+log = logging.getLogger(__name__)
+
 INLINE_PREFIX = "inline-"
 """How the endpoint of an inline `model:` block is named (`ModelConfig.endpoint`); no
 `kind: Model` may take a name that starts with it."""
@@ -30,6 +33,9 @@ PROVIDER_DEFAULTS: dict[str, dict[str, str]] = {
                   "api_key_env": "ANTHROPIC_API_KEY", "continuation": "prefill"},
 }
 """Defaults that differ by provider (the field defaults are OpenAI's)."""
+
+
+ToolChoice = Literal["auto", "required", "none"]
 
 
 class ModelLimits(BaseModel):
@@ -74,6 +80,12 @@ class ModelConfig(BaseModel):
         description="constrain decoding to the protocol with a grammar generated from the "
                     "agent's manifest (cortex_worker.llm.grammar): gbnf for llama.cpp, lark or "
                     "ebnf for vLLM / SGLang, structural_tag for XGrammar; off by default")
+    tool_choice: ToolChoice = Field(
+        default="auto",
+        description="whether the model must act (OpenAI's meanings): auto (it may), required "
+        "(each turn acts, until the job has run an action: then auto, so the model can "
+        "answer), none (it may not); sent as the provider's parameter with native tools, and "
+        "built into the grammar with `grammar` (required: an action before any response)")
     continuation: Literal["prefill", "continue_final_message"] | None = Field(
         default=None,
         description="how the endpoint continues a partial answer, so a turn taken over from a "
@@ -120,6 +132,22 @@ class ModelConfig(BaseModel):
                 raise ValueError(f"model base_url needs environment variable {name}, which is not set")
             return os.environ[name]
         return _ENV.sub(expand, self.base_url).rstrip("/")
+
+    def wire(self) -> dict[str, Any]:
+        """As written into a job record or an action's spec for another process: the fields
+        set away from their defaults only, so a worker of the version before (a rolling
+        upgrade) reads it unless a new field is used."""
+        return self.model_dump(mode="json", exclude_defaults=True)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> ModelConfig:
+        """Read `wire()`'s output, ignoring fields this version does not know (written by a
+        newer worker, in a rolling upgrade): a manifest's unknown field is still an error."""
+        known = {k: v for k, v in data.items() if k in cls.model_fields}
+        if len(known) < len(data):
+            log.warning("model fields from a newer version ignored: %s",
+                        sorted(set(data) - set(known)))
+        return cls.model_validate(known)
 
     def named(self, model: str | None) -> ModelConfig:
         """This endpoint with another model name (the job option `model`); itself if None.

@@ -57,6 +57,8 @@ def _request_body(config: ModelConfig, messages: list[dict[str, Any]],
         body["max_tokens"] = config.max_tokens
     if tools:
         body["tools"] = tools
+        if config.tool_choice != "auto":  # absent is auto: vLLM refuses "auto" without a flag
+            body["tool_choice"] = config.tool_choice
     if config.continuation == "continue_final_message" and messages[-1]["role"] == "assistant":
         body.update(continue_final_message=True, add_generation_prompt=False)  # vLLM, SGLang
     if grammar is not None:  # the fields of the engine of `config.grammar` (grammar.FLAVOURS)

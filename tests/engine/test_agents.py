@@ -517,3 +517,21 @@ def test_a_stream_that_breaks_after_output_restarts_the_turn_once(
     assert len(llm.requests(model)) == 2
     assert [e["data"]["kind"] for e in of(log, "warning")] == ["model_retry"]
 
+
+
+def test_tool_choice_required_holds_until_the_job_has_run_an_action(
+        store: Store, broker: StubBroker, llm: FakeLLM) -> None:
+    """`tool_choice: required` (agent `must_act`, native tools): the first turn's request
+    says `required`; once an action ran, the next says nothing (auto), so the model answers."""
+    model = f"must-act-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [
+        Turn(tool_calls=[{"id": "call_1", "name": "calculator",
+                          "arguments": {"expression": "6 * 7"}}], tokens_per_second=5000),
+        Turn(text="It is 42.", tokens_per_second=5000)])
+    job_id = jobs.submit_agent(store, "must_act", "6 * 7?", options=JobOptions(model=model))
+    broker.join()
+    assert status(store, job_id) == "completed"
+    first, second = llm.requests(model)
+    assert first["tool_choice"] == "required" and first["tools"]
+    assert "tool_choice" not in second and second["tools"]
+    assert events(store, job_id)[-1]["data"]["result"] == "It is 42."

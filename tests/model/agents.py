@@ -51,6 +51,20 @@ agents:
       grammar: null
     tools: [echo, calculator]
     max_turns: {MAX_TURNS}
+  - name: smol_arithmetic
+    description: The small model with the grammar, at temperature 0, asked to calculate.
+    model: &arithmetic
+      <<: *model
+      temperature: 0
+    tools: [calculator]
+    max_turns: {MAX_TURNS}
+  - name: smol_must_act
+    description: The same, told to act (tool_choice required: the grammar demands an action).
+    model:
+      <<: *arithmetic
+      tool_choice: required
+    tools: [calculator]
+    max_turns: {MAX_TURNS}
 """
 
 TASKS = [
@@ -78,6 +92,11 @@ TASKS = [
     "Subtract 19 from 100.",
 ]
 """22 tasks: one job each."""
+
+ARITHMETIC = [f"Use the calculator: what is {a} * {b}?"
+              for a, b in ((17, 23), (46, 5), (12, 12), (9, 81), (123, 4), (7, 77), (31, 3),
+                           (64, 8), (15, 15), (250, 4))]
+"""Ten arithmetic questions that say to use the calculator (issue 33's tool_choice check)."""
 
 
 def write_manifests(directory: Path) -> Path:

@@ -640,3 +640,38 @@ def test_a_continued_answer_asks_vllm_to_continue_its_final_message() -> None:
     request = anthropic.to_messages_request(partial)
     assert request["messages"][-1] == {"role": "assistant", "content": [
         {"type": "text", "text": "<thought>Thinking with"}]}
+
+
+def test_tool_choice_is_sent_in_each_providers_words_with_tools_only() -> None:
+    """OpenAI: `required`/`none` as they are, `auto` left out (the default; vLLM refuses an
+    explicit one without --enable-auto-tool-choice). Anthropic: `any`/`none`. Without tools,
+    nothing: there is nothing to choose."""
+    from cortex_worker.llm import anthropic
+    from cortex_worker.llm.gateway import _request_body
+
+    messages = [{"role": "user", "content": "Go."}]
+    tools = [{"type": "function", "function": {"name": "echo", "description": "Echo.",
+                                               "parameters": {"type": "object"}}}]
+    for choice, sent in (("required", "required"), ("none", "none"), ("auto", None)):
+        config = ModelConfig(model="m", tool_choice=choice)
+        assert _request_body(config, messages, tools).get("tool_choice") == sent
+        assert "tool_choice" not in _request_body(config, messages, None)
+    for choice, kind in (("required", "any"), ("none", "none")):
+        claude = ModelConfig(provider="anthropic", tool_choice=choice)
+        assert anthropic._request_body(claude, messages, tools)["tool_choice"] == {"type": kind}
+    assert "tool_choice" not in anthropic._request_body(ModelConfig(provider="anthropic"),
+                                                        messages, tools)
+
+
+def test_a_model_on_the_wire_is_read_by_the_version_before_and_after() -> None:
+    """`wire()` leaves defaults out (a worker of the version before reads it unless a new
+    field is used); `from_wire` ignores a field a newer version wrote (a manifest may not)."""
+    config = ModelConfig(model="m", base_url="http://127.0.0.1:1/v1", api_key_env=None,
+                         tool_choice="required")
+    wire = config.wire()
+    assert wire == {"base_url": "http://127.0.0.1:1/v1", "model": "m", "api_key_env": None,
+                    "tool_choice": "required"}
+    assert ModelConfig.from_wire(wire) == config
+    assert ModelConfig.from_wire({**wire, "from_a_newer_version": 1}) == config
+    with pytest.raises(ValueError, match="from_a_newer_version"):
+        ModelConfig.model_validate({**wire, "from_a_newer_version": 1})

@@ -384,3 +384,23 @@ def test_a_grammar_without_a_flavour_is_refused_before_any_request(llm: FakeLLM)
     with pytest.raises(ModelError, match="names no flavour"):
         list(gateway.open_stream(config, [], grammar='root ::= "x"'))
     assert llm.requests("unflavoured") == []
+
+
+def test_tool_choice_required_demands_an_action_before_any_response(
+        agent: AgentSpec, registry: Registry) -> None:
+    """`required`: an answer alone is refused; an action first (in a thought or not) is
+    fine, and so is an answer after it. `none`: no action at all."""
+    required = gr.build_grammar(agent, registry, "lark", tool_choice="required")
+    none = gr.build_grammar(agent, registry, "lark", tool_choice="none")
+    assert isinstance(required, str) and isinstance(none, str)
+    must, may_not = (Lark(text, start="start", parser="earley", lexer="dynamic")
+                     for text in (required, none))
+    answer = '<response final="true">4</response>'
+    act = tool("async", "calculator", '{"expression": "2 + 2"}')
+    assert not accepts(must, answer)
+    assert not accepts(must, f"<thought>Easy.</thought>\n{answer}")
+    assert accepts(must, f"{act}\n{answer}")
+    assert accepts(must, f"<thought>Let me compute.{act}</thought>")
+    assert accepts(must, tool("sync", "calculator", '{"expression": "2 + 2"}'))
+    assert accepts(may_not, answer)
+    assert not accepts(may_not, f"{act}\n{answer}")

@@ -371,7 +371,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     planner = StreamPlanner.from_json(job.planner)
     tools = tool_functions(agent, get_registry()) if agent.model.native_tools else None
     names = tool_names(agent)
-    model = KINDS["agent"].model(job) or agent.model
+    model = _acting(KINDS["agent"].model(job) or agent.model, planner)
     grammar = _grammar(agent, model)
     depth = job.depth
     continues = _continues(agent, model)
@@ -494,17 +494,27 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     return state
 
 
-_grammars: dict[tuple[str, str], Grammar | None] = {}
+def _acting(model: ModelConfig, planner: StreamPlanner) -> ModelConfig:
+    """The model as this turn asks it: `tool_choice: required` holds until the job has run an
+    action (its planner has placed one), then it is `auto`, so the model can answer (the
+    OpenAI Agents SDK's reset_tool_choice)."""
+    if model.tool_choice == "required" and planner.ids:
+        return model.model_copy(update={"tool_choice": "auto"})
+    return model
+
+
+_grammars: dict[tuple[str, str, str], Grammar | None] = {}
 
 
 def _grammar(agent: AgentSpec, model: ModelConfig) -> Grammar | None:
-    """The agent's protocol grammar in its model's flavour (`model.grammar`), built once per
-    process (the registry does not change while it runs)."""
+    """The agent's protocol grammar in its model's flavour (`model.grammar`) for the turn's
+    tool choice, built once per process (the registry does not change while it runs)."""
     if model.grammar is None:
         return None
-    key = (agent.name, model.grammar)
+    key = (agent.name, model.grammar, model.tool_choice)
     if key not in _grammars:
-        _grammars[key] = build_grammar(agent, get_registry(), model.grammar)
+        _grammars[key] = build_grammar(agent, get_registry(), model.grammar,
+                                       tool_choice=model.tool_choice)
     return _grammars[key]
 
 

@@ -226,7 +226,7 @@ def start_action(store: Store, job_id: str, agent: AgentSpec, planner: StreamPla
     spec.update(depends_on=deps, after=after, depth=depth, agent=agent.name)
     row = ACTION_TYPES[action.type.value]
     if row.needs_model:
-        spec["model"] = model.model_dump(mode="json")  # the job's model (option `model`)
+        spec["model"] = model.wire()  # the job's model (option `model`)
     entry = {"id": action.id, "spec": dumps(spec), "deps": deps, "after": after,
              "on_error": action.on_error.value, "awaited": action.mode.value != "fire_and_forget"}
     refusal = row.grant(agent, action.name)  # nesting: jobs.lifecycle.submit_child
