@@ -35,6 +35,7 @@ class Stack:
     log_dir: Path
     llm: harness.Process
     agent: A2AServer
+    poller: A2AServer  # its card declares no streaming
 
     def client(self) -> Client:
         return Client(self.url)
@@ -43,14 +44,15 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(cortex_env: dict[str, str], harness_dir: Path) -> Iterator[Stack]:
     log_dir = harness_dir / "a2a-client"
-    with A2AServer() as agent, \
+    with A2AServer() as agent, A2AServer(streaming=False) as poller, \
             harness.RedisServer(log_dir=log_dir, data_dir=log_dir / "redis") as server:
-        env = {**cortex_env, "CORTEX_REDIS_URL": server.url, "CORTEX_TEST_A2A_URL": agent.url}
+        env = {**cortex_env, "CORTEX_REDIS_URL": server.url, "CORTEX_TEST_A2A_URL": agent.url,
+               "CORTEX_TEST_A2A_POLL_URL": poller.url}
         workers = harness.start_workers({"agent": 2, "llm": 2}, env, log_dir=log_dir,
                                         cwd=log_dir)
         api = harness.start_api(env, log_dir=log_dir, cwd=log_dir)
         store = Store.from_url(server.url)
-        running = Stack(env, api.url or "", store, log_dir, workers["llm"], agent)
+        running = Stack(env, api.url or "", store, log_dir, workers["llm"], agent, poller)
         try:
             yield running
         finally:
@@ -58,10 +60,11 @@ def stack(cortex_env: dict[str, str], harness_dir: Path) -> Iterator[Stack]:
             harness.stop_all(processes=[api, *workers.values(), running.llm])
 
 
-def ask(text: str, ident: str = "ask") -> str:
-    """A document whose one action asks the remote agent, and whose response is its answer."""
-    body = json.dumps({"name": "remote_echo", "parameters": {"input": text}})
-    return f'<action type="agent" id="{ident}">{body}</action>\n<response>${ident}</response>'
+def ask(text: str, agent: str = "remote_echo", **fields: object) -> str:
+    """A document whose one action `ask` asks the remote agent, and whose response is its
+    answer."""
+    body = json.dumps({"name": agent, "parameters": {"input": text}, **fields})
+    return f'<action type="agent" id="ask">{body}</action>\n<response>$ask</response>'
 
 
 def of(events: list[Event], kind: str) -> list[Event]:
@@ -83,6 +86,35 @@ def test_the_remote_agents_answer_is_the_actions_value(stack: Stack) -> None:
     task = stack.store.remote_task(job, "ask")
     assert task is not None and task["agent"] == "remote_echo" and task["task_id"]
     assert idempotency_key(job, "ask") in stack.agent.messages  # the message id is the key
+
+
+def test_an_agent_that_does_not_stream_is_polled(stack: Stack) -> None:
+    stack.poller.hold()
+    try:
+        with stack.client() as client:
+            job = client.submit_document(ask("poll me", "remote_poller")).id
+            recorded(stack, job)
+            stack.poller.release()
+            events = list(client.events(job, timeout=60))
+    finally:
+        stack.poller.release()
+    [done] = of(events, "action_completed")
+    assert done.data["result"] == "echo: poll me"
+
+
+def test_a_call_out_of_time_times_out_and_cancels_the_remote_task(stack: Stack) -> None:
+    stack.agent.hold()
+    try:
+        with stack.client() as client:
+            job = client.submit_document(ask("too slow", timeout=1)).id
+            events = list(client.events(job, timeout=60))
+    finally:
+        stack.agent.release()
+    [failed] = of(events, "action_failed")
+    assert failed.data["status"] == "timeout", failed.data
+    task = stack.store.remote_task(job, "ask")
+    assert task is not None
+    harness.wait_until(lambda: task["task_id"] in stack.agent.cancels, timeout=30)
 
 
 def test_a_failed_remote_task_fails_the_action_with_its_message(stack: Stack) -> None:
@@ -133,13 +165,12 @@ def test_cancelling_the_job_cancels_the_remote_task(stack: Stack) -> None:
             job = client.submit_document(ask("cancel me")).id
             task = recorded(stack, job)
             client.cancel(job)
-            cancels = harness.wait_until(
-                lambda: task["task_id"] in stack.agent.cancels and stack.agent.cancels,
-                timeout=30)
+            harness.wait_until(lambda: task["task_id"] in stack.agent.cancels, timeout=30)
             assert client.wait(job, timeout=60).status == "cancelled"
     finally:
         stack.agent.release()
-    assert cancels == [task["task_id"]]
+    assert stack.agent.cancels.count(task["task_id"]) == 1
+    assert stack.agent.messages.count(idempotency_key(job, "ask")) == 1
 
 
 def test_agents_see_remote_agents_in_their_prompt_and_grammar(tmp_path: Path) -> None:
