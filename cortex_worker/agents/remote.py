@@ -116,16 +116,16 @@ async def _call(spec: RemoteAgentSpec, call: Call, store: Store, stale: threadin
         if work in done:
             return work.result()
         reason = watch.result() if watch in done else "timeout"
-        if reason != "stale" and remote.task_id is not None:
-            await _cancel(remote, remote.task_id)
-        what = f"remote agent {spec.name!r}" + (f" (task {remote.task_id})"
-                                                if remote.task_id else "")
-        if reason == "timeout":
-            raise ToolTimeout(f"{what} did not answer within {call.timeout:g}s; its task was "
-                              "cancelled")
         if reason == "stale":
-            raise ToolError(f"{what}: this attempt was taken over; the new one follows the task")
-        raise ToolError(f"{what}: the job ended ({reason}); its task was cancelled")
+            raise ToolError(f"remote agent {spec.name!r}: this attempt was taken over; the "
+                            "new one follows its task")
+        what = f"remote agent {spec.name!r}"
+        if remote.task_id is not None:
+            await _cancel(remote, remote.task_id)
+            what += f" (task {remote.task_id}, cancelled)"
+        if reason == "timeout":
+            raise ToolTimeout(f"{what} did not answer within {call.timeout:g}s")
+        raise ToolError(f"{what}: the job ended ({reason})")
 
 
 async def _result(remote: _Remote, call: Call, store: Store) -> Any:
@@ -138,6 +138,7 @@ async def _result(remote: _Remote, call: Call, store: Store) -> Any:
         if isinstance(answer, Message):  # an answer without a task: nothing to follow
             return _value(answer.parts)
         task = answer
+        remote.task_id = task.id  # cancelled if the call stops while it is recorded
         recorded = await asyncio.to_thread(
             store.record_remote_task, call.job_id, call.action_id,
             {"task_id": task.id, "context_id": task.context_id, "agent": remote.spec.name})
