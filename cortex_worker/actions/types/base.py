@@ -23,7 +23,6 @@ from cortex_worker.protocol.variables import find_references
 
 if TYPE_CHECKING:
     from cortex_worker.llm.config import ModelConfig
-    from cortex_worker.manifests.loader import RemoteAgentSpec
     from cortex_worker.services.relics.spec import RelicSpec
     from cortex_worker.settings import Settings
     from cortex_worker.tools.spec import ToolSpec
@@ -83,6 +82,17 @@ class Workflow(Protocol):
     def prepare_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
+class RemoteAgent(Protocol):
+    """What the types read of a remote agent (`manifests.loader.RemoteAgentSpec` is one).
+    Named here, not imported: the manifests read the table."""
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def timeout_s(self) -> float | None: ...
+
+
 class Tables(Protocol):
     """What the types read of the manifests: `manifests.loader.Registry` is one, also while it
     loads. Named here, not imported, so that the manifests can check workflows through the
@@ -101,7 +111,7 @@ class Tables(Protocol):
     def relics(self) -> Mapping[str, RelicSpec]: ...
 
     @property
-    def remote_agents(self) -> Mapping[str, RemoteAgentSpec]: ...
+    def remote_agents(self) -> Mapping[str, RemoteAgent]: ...
     """Agents served elsewhere over A2A: `type="agent"` targets too (`types.agent`)."""
 
 
