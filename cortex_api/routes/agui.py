@@ -77,12 +77,12 @@ class ApprovalPayload(BaseModel):
     reason: str | None = Field(default=None, max_length=2000)
 
 
-class RunRefused(Exception):
+class RunRefused(CortexError):
     """A run that cannot start (or go on): its stream is one RUN_ERROR with `code`."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, message: str, code: str = "run_refused") -> None:
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,14 +175,17 @@ def _attach(store: Store, session_id: str, run_id: str) -> Run:
     while True:
         record = store.agui_runs(session_id).get(run_id)
         if record is None:
-            raise RunRefused("run_not_started", f"run {run_id!r} could not start; post a new run")
+            raise RunRefused(f"run {run_id!r} could not start; post a new run",
+                             code="run_not_started")
         if record["job"] is not None:
             return Run(session_id, run_id, record["job"], record["after"], record["until"])
         if time.time() - record["at"] > STALE_CLAIM_S:  # its API process died mid-start
             store.drop_agui_run(session_id, run_id)
-            raise RunRefused("run_not_started", f"run {run_id!r} could not start; post it again")
+            raise RunRefused(f"run {run_id!r} could not start; post it again",
+                             code="run_not_started")
         if time.monotonic() > deadline:
-            raise RunRefused("run_starting", f"run {run_id!r} is still starting; post it again")
+            raise RunRefused(f"run {run_id!r} is still starting; post it again",
+                             code="run_starting")
         time.sleep(CLAIM_POLL_S)
 
 
@@ -191,8 +194,8 @@ def _start(store: Store, session: dict[str, Any], body: RunAgentInput, text: str
     """A new message: the session's next job, whose input is `text`, the user's message."""
     session_id = session["id"]
     if last_job is not None and _pending(store, session_id, runs, last_job) is not None:
-        raise RunRefused("interrupted", "the thread waits for answers to its interrupts: "
-                                        "send them in `resume`")
+        raise RunRefused("the thread waits for answers to its interrupts: send them in "
+                         "`resume`", code="interrupted")
     history = [{"role": m["role"], "content": m["content"]} for m in session["messages"]] \
         or _client_history(body)
     record = {"job": None, "after": 0, "until": None, "at": time.time()}
@@ -202,14 +205,15 @@ def _start(store: Store, session: dict[str, Any], body: RunAgentInput, text: str
         job_id = submit_agent(
             store, session["agent"], text, history=history,
             options=JobOptions.model_validate_json(session.get("options") or "{}"),
-            session=SessionTurn(session_id, last_job), tenant=session.get("tenant") or caller.tenant)
+            session=SessionTurn(session_id, last_job),
+            tenant=session.get("tenant") or caller.tenant)
     except SessionBusy as exc:
         store.drop_agui_run(session_id, body.run_id)
-        raise RunRefused("thread_busy", f"{exc.message} (the thread's run is still going)") \
-            from None
+        raise RunRefused(f"{exc.message} (the thread's run is still going)",
+                         code="thread_busy") from None
     except CortexError as exc:
         store.drop_agui_run(session_id, body.run_id)
-        raise RunRefused(type(exc).__name__, exc.message) from None
+        raise RunRefused(exc.message, code=type(exc).__name__) from None
     store.settle_agui_run(session_id, body.run_id, job=job_id)
     return Run(session_id, body.run_id, job_id, 0, None)
 
@@ -219,16 +223,18 @@ def _resume(store: Store, session_id: str, body: RunAgentInput,
     """A run that answers the interrupts of the thread's last run: the same job goes on."""
     pending = _pending(store, session_id, runs, last_job) if last_job else None
     if pending is None or last_job is None:
-        raise RunRefused("no_interrupt", "nothing to resume: the thread has no open interrupts")
+        raise RunRefused("nothing to resume: the thread has no open interrupts",
+                         code="no_interrupt")
     until, interrupts = pending
     answers = {entry.interrupt_id: entry for entry in body.resume or []}
     unknown = sorted(set(answers) - set(interrupts))
     if unknown:
-        raise RunRefused("unknown_interrupt", f"no open interrupt {unknown[0]!r} on this thread")
+        raise RunRefused(f"no open interrupt {unknown[0]!r} on this thread",
+                         code="unknown_interrupt")
     missing = sorted(set(interrupts) - set(answers))
     if missing:
-        raise RunRefused("unanswered_interrupt", f"resume must answer every open interrupt; "
-                                                 f"{', '.join(missing)} has no answer")
+        raise RunRefused(f"resume must answer every open interrupt; {', '.join(missing)} "
+                         "has no answer", code="unanswered_interrupt")
     decisions: dict[str, tuple[bool, str | None]] = {}
     for ident, entry in answers.items():
         interrupt = interrupts[ident]
@@ -236,14 +242,14 @@ def _resume(store: Store, session_id: str, body: RunAgentInput,
             decisions[ident] = (False, "cancelled by the user")
             continue
         if _expired(interrupt):
-            raise RunRefused("interrupt_expired", f"interrupt {ident!r} expired at "
-                                                  f"{interrupt['expiresAt']}")
+            raise RunRefused(f"interrupt {ident!r} expired at {interrupt['expiresAt']}",
+                             code="interrupt_expired")
         try:
             payload = ApprovalPayload.model_validate(entry.payload)
         except ValidationError as exc:
-            raise RunRefused("invalid_resume", f"interrupt {ident!r}: the payload must be "
-                             f"{{approved: boolean, reason?: string}} ({exc.errors()[0]['msg']})"
-                             ) from None
+            raise RunRefused(f"interrupt {ident!r}: the payload must be {{approved: boolean, "
+                             f"reason?: string}} ({exc.errors()[0]['msg']})",
+                             code="invalid_resume") from None
         decisions[ident] = (payload.approved, payload.reason)
     record = {"job": last_job, "after": until, "until": None, "at": time.time()}
     if not store.claim_agui_run(session_id, body.run_id, record):

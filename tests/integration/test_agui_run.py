@@ -63,7 +63,8 @@ def test_a_new_thread_streams_a_whole_run(api: harness.Process, fake_llm: FakeLL
     assert texts == ["The sum is 42."]
 
 
-def sse_events(response: httpx.Response, until: Any = None) -> list[tuple[int | None, dict[str, Any]]]:
+def sse_events(response: httpx.Response,
+               until: Any = None) -> list[tuple[int | None, dict[str, Any]]]:
     """(SSE id, AG-UI event) of a streamed answer; with `until(messages)`, stops there."""
     out: list[tuple[int | None, dict[str, Any]]] = []
     fields: dict[str, str] = {}
