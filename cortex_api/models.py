@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -214,7 +215,8 @@ class UsageReport(BaseModel):
 class JobView(JobSummary):
     """A job with its actions, in document order, and how many are in each status."""
 
-    result: str | None = Field(default=None, description="The rendered final response.")
+    result: Any = Field(default=None, description="The rendered final response; for an agent "
+                        "with an output_schema, its parsed value (any JSON).")
     turns: int | None = Field(default=None, description="agent jobs: turns run")
     parent_job: str | None = Field(default=None, description="the job whose action started this one")
     parent_action: str | None = None
@@ -233,7 +235,8 @@ class JobView(JobSummary):
         """Build from `Store.get_job`, `Store.actions` and the job's usage (`jobs.usage`)."""
         entries = sorted((actions or {}).items(), key=lambda kv: _document_order(*kv))
         views = [ActionView.from_store(action_id, entry) for action_id, entry in entries]
-        return cls(**cls._fields(job), result=job.result or None, actions=views,
+        result = json.loads(job.result) if job.result_type == "json" else job.result or None
+        return cls(**cls._fields(job), result=result, actions=views,
                    counts=action_counts(view.status for view in views),
                    turns=job.turns, parent_job=job.parent_job,
                    parent_action=job.parent_action, session=job.session,

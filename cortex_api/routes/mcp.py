@@ -45,7 +45,7 @@ from cortex_worker.errors import CortexError
 from cortex_worker.handles import get_registry
 from cortex_worker.jobs.lifecycle import submit_agent
 from cortex_worker.protocol.events import EventType
-from cortex_worker.store.state import Store
+from cortex_worker.store.state import Store, dumps
 
 PATH = "/mcp"
 #: Where the request's `Caller` waits for the tool handler (`scope["state"]`).
@@ -75,7 +75,8 @@ class AgentOutcome(BaseModel):
 
     job_id: str = Field(description="the Cortex job (`GET /v1/jobs/{job_id}`)")
     status: Literal["completed", "failed", "cancelled"]
-    result: str = Field(description="the agent's final response")
+    result: Any = Field(description="the agent's final response: text, or for an agent with an "
+                        "output_schema its value")
     error: str | None = Field(default=None, description="why the job failed or was cancelled")
 
 
@@ -230,9 +231,11 @@ def _outcome(job_id: str, end: dict[str, Any]) -> CallToolResult:
     data: dict[str, Any] = end.get("data") or {}
     status = data.get("status") or end["type"].removeprefix("job_")
     error = data.get("error") or data.get("reason") or None
-    outcome = AgentOutcome(job_id=job_id, status=status, result=data.get("result") or "",
-                           error=error)
-    text = outcome.result if status == "completed" else f"job {job_id} {status}: {error}"
+    result = data.get("result")
+    outcome = AgentOutcome(job_id=job_id, status=status,
+                           result="" if result is None else result, error=error)
+    answer = outcome.result if isinstance(outcome.result, str) else dumps(outcome.result)
+    text = answer if status == "completed" else f"job {job_id} {status}: {error}"
     return CallToolResult(content=[TextContent(text=text)], is_error=status != "completed",
                           structured_content=outcome.model_dump(mode="json"))
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from cortex_worker.actions.table import FEED_SOURCES
 from cortex_worker.actions.types.internal import INTERNAL_ACTIONS
+from cortex_worker.agents import output
 from cortex_worker.llm.config import ModelConfig, ModelField
 
 FeedSourceType = Literal[FEED_SOURCES]
@@ -92,3 +93,18 @@ class AgentSpec(BaseModel):
     context_feeds: list[FeedSpec] = Field(default_factory=list)
     internal_actions: InternalActionPolicy = Field(default_factory=InternalActionPolicy)
     approval: ApprovalPolicy = Field(default_factory=ApprovalPolicy)
+    output_schema: dict[str, Any] | str | None = Field(
+        default=None, description="the final response's JSON Schema (or a pydantic model of a "
+        "tool module, module:Class, turned into its schema at load): the job's result is the "
+        "parsed value; a final response that does not match is refused and the model told why")
+
+    @field_validator("output_schema")
+    @classmethod
+    def _output_schema(cls, value: dict[str, Any] | str | None) -> dict[str, Any] | str | None:
+        """A schema is checked here; a model's name when the manifests are linked."""
+        if isinstance(value, dict):
+            return output.resolve(value)
+        if isinstance(value, str) and ":" not in value:
+            raise ValueError(f"{value!r}: name a pydantic model as module:Class, or give a "
+                             "JSON Schema object")
+        return value

@@ -20,7 +20,7 @@ from cortex_worker.protocol import parser as p
 from cortex_worker.protocol.actions import Action
 from cortex_worker.protocol.document import Document, load_document
 from cortex_worker.protocol.variables import find_references, render
-from cortex_worker.store.state import Store
+from cortex_worker.store.state import Store, dumps
 from cortex_worker.workflows import spec as wf
 from cortex_worker.workflows.output import failure_message, output_names, render_output
 
@@ -155,7 +155,8 @@ class AgentKind:
         if job.session:  # before the job ends, so the session's next message sees this reply
             store.append_session(job.session, {
                 "role": "assistant", "job_id": job.id,
-                "content": result if status == "completed" else f"[the job ended {status}: {error}]"})
+                "content": (result if isinstance(result, str) else dumps(result))
+                if status == "completed" else f"[the job ended {status}: {error}]"})
 
     def model(self, job: JobRecord) -> ModelConfig | None:
         spec = get_registry().agents.get(job.agent or "")

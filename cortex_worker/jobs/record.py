@@ -55,6 +55,7 @@ class JobRecord(BaseModel):
     parent_action: str | None = None
     dispatch: str | None = None  # "canvas" or "readiness" (documents and workflows)
     result: str = ""
+    result_type: str = ""  # "json": `result` is the JSON of a typed output (output_schema)
     error: str = ""
     # documents
     document: str = ""

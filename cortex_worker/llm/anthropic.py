@@ -38,7 +38,7 @@ unless its type is a client error (`invalid_request_error`...).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -185,13 +185,20 @@ ANTHROPIC_TOOL_CHOICE = {"auto": "auto", "required": "any", "none": "none"}
 """`ModelConfig.tool_choice` (OpenAI's words) as the Messages API's `tool_choice.type`."""
 
 
+STRUCTURED_OUTPUTS_BETA = "structured-outputs-2025-11-13"
+"""The `anthropic-beta` value under which the Messages API takes `output_format`."""
+
+
 def _request_body(config: ModelConfig, messages: list[dict[str, Any]],
-                  tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+                  tools: list[dict[str, Any]] | None,
+                  output_schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"model": config.model,
                             "max_tokens": config.max_tokens or DEFAULT_MAX_TOKENS}
     body.update(to_messages_request(messages, tools))
     if tools and config.tool_choice != "auto":
         body["tool_choice"] = {"type": ANTHROPIC_TOOL_CHOICE[config.tool_choice]}
+    if output_schema is not None:  # a text answer is this JSON (structured outputs, beta)
+        body["output_format"] = {"type": "json_schema", "schema": dict(output_schema)}
     if config.temperature is not None:
         body["temperature"] = config.temperature
     body["stream"] = True
@@ -340,6 +347,7 @@ def stream_messages(
     tools: list[dict[str, Any]] | None = None,
     client: httpx.Client | None = None,
     take: Take[T] = hand_over,
+    output_schema: Mapping[str, Any] | None = None,
 ) -> Iterator[T]:
     """Stream one message: `TextDelta`s, each `ToolCall` at the end of its block, `Usage` last,
     each given to `take` (by default yielded as they are; see `gateway.open_stream`).
@@ -347,7 +355,11 @@ def stream_messages(
     Raises `ModelError`. Closing the generator closes the HTTP response.
     """
     url = transport.model_url(config, "/messages")
-    body = _request_body(config, messages, tools)
+    body = _request_body(config, messages, tools, output_schema)
+    headers = _headers(config)
+    if output_schema is not None:
+        headers["anthropic-beta"] = ",".join(
+            filter(None, [headers.get("anthropic-beta"), STRUCTURED_OUTPUTS_BETA]))
     yield from transport.stream_with_retries(
-        config, url, body=body, headers=_headers(config), decoder=MessagesDecoder,
+        config, url, body=body, headers=headers, decoder=MessagesDecoder,
         whole=_parse_whole, take=take, client=client)

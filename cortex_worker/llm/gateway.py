@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,8 @@ __all__ = ["PROVIDERS", "close_shared_client", "complete", "open_stream", "share
 
 def _request_body(config: ModelConfig, messages: list[dict[str, Any]],
                   tools: list[dict[str, Any]] | None, *, stream: bool = True,
-                  grammar: Grammar | None = None) -> dict[str, Any]:
+                  grammar: Grammar | None = None,
+                  output_schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"model": config.model, "messages": messages, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -59,6 +60,9 @@ def _request_body(config: ModelConfig, messages: list[dict[str, Any]],
         body["tools"] = tools
         if config.tool_choice != "auto":  # absent is auto: vLLM refuses "auto" without a flag
             body["tool_choice"] = config.tool_choice
+    if output_schema is not None:  # a model that answers in plain text answers this JSON
+        body["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": "output", "schema": dict(output_schema)}}
     if config.continuation == "continue_final_message" and messages[-1]["role"] == "assistant":
         body.update(continue_final_message=True, add_generation_prompt=False)  # vLLM, SGLang
     if grammar is not None:  # the fields of the engine of `config.grammar` (grammar.FLAVOURS)
@@ -335,35 +339,39 @@ def stream_chat(
     client: httpx.Client | None = None,
     grammar: Grammar | None = None,
     take: Take[T] = hand_over,
+    output_schema: Mapping[str, Any] | None = None,
 ) -> Iterator[T]:
     """Stream one chat completion: `TextDelta`s, then complete `ToolCall`s, then `Usage`,
     each given to `take` (by default yielded as they are; see `open_stream`).
 
     `grammar` (from `grammar.build_grammar`) constrains the decoding, sent in the request
-    fields of the flavour `config.grammar`. Raises `ModelError`. Closing the generator closes
-    the HTTP response.
+    fields of the flavour `config.grammar`; `output_schema`, a text answer (as
+    `response_format`). Raises `ModelError`. Closing the generator closes the HTTP response.
     """
     url = transport.model_url(config, "/chat/completions")
     yield from transport.stream_with_retries(
-        config, url, body=_request_body(config, messages, tools, grammar=grammar),
+        config, url, body=_request_body(config, messages, tools, grammar=grammar,
+                                        output_schema=output_schema),
         headers=_headers(config), decoder=ChatDecoder, whole=_parse_whole, take=take,
         client=client)
 
 
 Provider = Callable[
     [ModelConfig, list[dict[str, Any]], list[dict[str, Any]] | None, httpx.Client | None,
-     str | Path | None, Grammar | None, Take[Any]],
+     str | Path | None, Grammar | None, Mapping[str, Any] | None, Take[Any]],
     Iterator[Any]]
-"""`(config, messages, tools, client, base_dir, grammar, take) -> what take hands over`: one
-entry of `PROVIDERS`. Only `openai` (OpenAI-compatible engines) constrains decoding; a replay
-ignores a grammar."""
+"""`(config, messages, tools, client, base_dir, grammar, output_schema, take) -> what take
+hands over`: one entry of `PROVIDERS`. Only `openai` (OpenAI-compatible engines) constrains
+decoding; a replay ignores a grammar and an output schema."""
 
 PROVIDERS: dict[str, Provider] = {
-    "openai": lambda config, messages, tools, client, base_dir, grammar, take: stream_chat(
-        config, messages, tools=tools, client=client, grammar=grammar, take=take),
-    "anthropic": lambda config, messages, tools, client, base_dir, grammar, take: stream_messages(
-        config, messages, tools=tools, client=client, take=take),
-    "replay": lambda config, messages, tools, client, base_dir, grammar, take: taken(
+    "openai": lambda config, messages, tools, client, base_dir, grammar, output, take:
+        stream_chat(config, messages, tools=tools, client=client, grammar=grammar, take=take,
+                    output_schema=output),
+    "anthropic": lambda config, messages, tools, client, base_dir, grammar, output, take:
+        stream_messages(config, messages, tools=tools, client=client, take=take,
+                        output_schema=output),
+    "replay": lambda config, messages, tools, client, base_dir, grammar, output, take: taken(
         replay_stream(config, messages, base_dir=base_dir), take),
 }
 """The stream of each `ModelConfig.provider`."""
@@ -378,6 +386,7 @@ def open_stream(
     base_dir: str | Path | None = None,
     grammar: Grammar | None = None,
     take: Take[T] = hand_over,
+    output_schema: Mapping[str, Any] | None = None,
 ) -> Iterator[T]:
     """A stream from the configured provider (`PROVIDERS`): an OpenAI-compatible endpoint,
     Anthropic's Messages API, or a replayed transcript.
@@ -386,11 +395,12 @@ def open_stream(
     reads the stream (`reader.py`), and what `take` returns other than None is yielded here.
     By default every piece is yielded. `base_dir` (the manifests directory) is where a
     relative replay transcript may live. `grammar`: `build_grammar(agent, registry,
-    config.grammar)`, or None.
+    config.grammar)`, or None. `output_schema`: the JSON Schema a text answer must match, sent
+    where the provider enforces one (a model that calls native tools and answers in text).
     """
     provider = PROVIDERS[config.provider]
     return tracing.model_stream(config, lambda observed: provider(
-        config, messages, tools, client, base_dir, grammar, observed), take)
+        config, messages, tools, client, base_dir, grammar, output_schema, observed), take)
 
 
 def complete(

@@ -38,6 +38,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from cortex_worker.actions.types.internal import INTERNAL_ACTIONS
+from cortex_worker.agents import output
 from cortex_worker.agents.spec import AgentSpec
 from cortex_worker.errors import CortexError
 from cortex_worker.llm.config import ModelConfig, ModelSpec
@@ -269,6 +270,9 @@ def _link_agent(spec: AgentSpec, registry: Registry, path: Path) -> AgentSpec:
         if known_names is not None and target not in known_names:
             raise ValueError(f"context_feeds[{index}].source.name: unknown {source.type} "
                              f"{source.name!r}")
+    if isinstance(spec.output_schema, str):
+        spec = spec.model_copy(update={"output_schema": _model_schema(spec.output_schema,
+                                                                      registry)})
     if spec.system_prompt_file is None:
         return spec
     prompt_path = path.parent / Path(spec.system_prompt_file).expanduser()
@@ -281,6 +285,20 @@ def _link_agent(spec: AgentSpec, registry: Registry, path: Path) -> AgentSpec:
             f"({_show(prompt_path)}, relative to the manifest): {reason}"
         ) from None
     return spec.model_copy(update={"system_prompt": text})
+
+
+def _model_schema(name: str, registry: Registry) -> dict[str, Any]:
+    """The JSON Schema of the pydantic model `name` (module:Class), its module imported as
+    the agents' tool modules are (the manifests directory on the path)."""
+    added = [str(p) for p in registry.module_paths if str(p) not in sys.path]
+    sys.path[:0] = added
+    try:
+        return output.resolve(name)
+    except output.OutputSchemaError as exc:
+        raise ValueError(str(exc)) from None
+    finally:
+        for entry in added:
+            sys.path.remove(entry)
 
 
 def _link_workflow(spec: WorkflowSpec, registry: Registry, path: Path) -> WorkflowSpec:

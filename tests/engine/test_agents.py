@@ -535,3 +535,41 @@ def test_tool_choice_required_holds_until_the_job_has_run_an_action(
     assert first["tool_choice"] == "required" and first["tools"]
     assert "tool_choice" not in second and second["tools"]
     assert events(store, job_id)[-1]["data"]["result"] == "It is 42."
+
+
+def test_a_typed_output_is_the_jobs_value_and_a_wrong_one_is_answered_again(
+        store: Store, broker: StubBroker, llm: FakeLLM) -> None:
+    """Agent `reporter` (output_schema): a final response that is not the schema's is refused
+    (a `warning` records it; the model's next turn is told which field), and the one that
+    matches, fenced or not, is the job's result as a value, in its end event and its view."""
+    from cortex_api.models import JobView
+
+    model = f"typed-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [turn(final('{"answer": "forty-two"}')),
+                       turn(final('```json\n{"answer": 42, "unit": "apples"}\n```'))])
+    job_id = jobs.submit_agent(store, "reporter", "How many?", options=JobOptions(model=model))
+    broker.join()
+    assert status(store, job_id) == "completed"
+    log = events(store, job_id)
+    rejected = one(log, "warning")
+    assert rejected["kind"] == "output_rejected" and "field answer" in rejected["message"]
+    assert rejected["answer"] == '{"answer": "forty-two"}'
+    told = llm.requests(model)[1]["messages"][-1]["content"]
+    assert "field answer" in told and "is not of type 'integer'" in told
+    assert log[-1]["type"] == "job_completed"
+    assert log[-1]["data"]["result"] == {"answer": 42, "unit": "apples"}
+    view = JobView.from_store(store.get_job(job_id))  # type: ignore[arg-type]
+    assert view.result == {"answer": 42, "unit": "apples"}
+
+
+def test_a_typed_output_that_never_matches_fails_the_job_naming_the_field(
+        store: Store, broker: StubBroker, llm: FakeLLM) -> None:
+    model = f"typed-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [turn(final("forty-two")) for _ in range(3)])
+    job_id = jobs.submit_agent(store, "reporter", "How many?", options=JobOptions(model=model))
+    broker.join()
+    assert status(store, job_id) == "failed"
+    end = events(store, job_id)[-1]
+    assert end["type"] == "job_failed"
+    assert "max_turns (3) reached" in end["data"]["error"]
+    assert "not JSON" in end["data"]["error"]

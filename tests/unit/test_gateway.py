@@ -675,3 +675,19 @@ def test_a_model_on_the_wire_is_read_by_the_version_before_and_after() -> None:
     assert ModelConfig.from_wire({**wire, "from_a_newer_version": 1}) == config
     with pytest.raises(ValueError, match="from_a_newer_version"):
         ModelConfig.model_validate({**wire, "from_a_newer_version": 1})
+
+
+def test_an_output_schema_is_sent_in_each_providers_words() -> None:
+    """OpenAI: `response_format` json_schema; Anthropic: `output_format` (structured outputs,
+    under its beta header)."""
+    from cortex_worker.llm import anthropic
+    from cortex_worker.llm.gateway import _request_body
+
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}}
+    messages = [{"role": "user", "content": "Go."}]
+    body = _request_body(ModelConfig(model="m"), messages, None, output_schema=schema)
+    assert body["response_format"] == {"type": "json_schema",
+                                       "json_schema": {"name": "output", "schema": schema}}
+    assert "response_format" not in _request_body(ModelConfig(model="m"), messages, None)
+    claude = anthropic._request_body(ModelConfig(provider="anthropic"), messages, None, schema)
+    assert claude["output_format"] == {"type": "json_schema", "schema": schema}

@@ -404,3 +404,20 @@ def test_tool_choice_required_demands_an_action_before_any_response(
     assert accepts(must, tool("sync", "calculator", '{"expression": "2 + 2"}'))
     assert accepts(may_not, answer)
     assert not accepts(may_not, f"{act}\n{answer}")
+
+
+def test_an_output_schema_makes_the_final_response_its_json(
+        agent: AgentSpec, registry: Registry) -> None:
+    """`output_schema`: the final response is a JSON value of it; a progress response
+    (final="false") is still text."""
+    typed = agent.model_copy(update={"output_schema": {
+        "type": "object", "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"], "additionalProperties": False}})
+    text = gr.build_grammar(typed, registry, "lark")
+    assert isinstance(text, str)
+    parser = Lark(text, start="start", parser="earley", lexer="dynamic")
+    assert accepts(parser, '<response final="true">{"answer": 42}</response>')
+    assert not accepts(parser, '<response final="true">It is 42.</response>')
+    assert not accepts(parser, '<response final="true">{"answer": "42"}</response>')
+    act = tool("async", "calculator", '{"expression": "6 * 7"}')
+    assert accepts(parser, f'{act}\n<response final="false">Working on it.</response>')

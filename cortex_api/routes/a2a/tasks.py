@@ -146,7 +146,9 @@ def updates_of(job_id: str, context_id: str, event: dict[str, Any]) -> list[Upda
     if kind in END_STATES:
         state = END_STATES[str(kind)]
         if state == TaskState.TASK_STATE_COMPLETED:
-            return [status(state, str(data.get("result") or ""), "result")]
+            result = data.get("result")
+            return [status(state, result if isinstance(result, str) else
+                           json.dumps(result) if result is not None else "", "result")]
         why = str(data.get("error") or data.get("reason") or "")
         return [status(state, why, "error")]
     return []

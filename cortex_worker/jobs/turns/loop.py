@@ -20,6 +20,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from cortex_worker.actions import dispatch
+from cortex_worker.agents import output
 from cortex_worker.agents.prompt import (
     PROTOCOL_REMINDER,
     build_system_prompt,
@@ -129,6 +130,7 @@ def run_turns(store: Store, job_id: str) -> None:
                 if closed is None:
                     return
                 closing = closed
+            job = job.model_copy(update=closing[1])  # what the turn's prompt reads of it
             with get_job_ends().watch(job_id) as pushed, WaitSlot() as slot:
                 if phase == "generated":  # it died before it closed the turn's plan
                     drained = store.register(job_id, [], close=True, fence=fence).drained
@@ -253,7 +255,20 @@ def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: Agent
     # coordinator that dies never loses them
     fields: dict[str, Any] = {"pending_responses": [], "result": result or ""}
     error = None
-    if job.final:
+    typed: Any = None
+    if job.final and agent.output_schema is not None:
+        typed, problems = output.parse(result or "", agent.output_schema)
+        if problems:  # refused: the model is told why, and answers again (if it may)
+            why = output.rejection(problems)
+            events.append((EventType.warning, {"kind": "output_rejected", "message": why,
+                                               "answer": result}))
+            if turn > agent.max_turns:
+                error = f"max_turns ({agent.max_turns}) reached: {why}"
+            else:
+                return events, {**fields, "result": "", "final": False, "turn_phase": "generating",
+                                 "feedback": [{"kind": "invalid_output", "message": why,
+                                               "line": 0, "column": 0}]}
+    if error is not None or job.final:
         pass
     elif job.reminders >= MAX_REMINDERS:
         error = f"{MAX_REMINDERS} turns in a row without an action or a final response"
@@ -266,7 +281,7 @@ def _close_previous_turn(store: Store, job_id: str, job: JobRecord, agent: Agent
     ran = turn - 1  # `turn` is the one about to start; it never runs if the job ends here
     if error is None:
         end_job(store, job_id, "completed", result=result, turns=ran, closing=(events, fields),
-                job=job, fence=fence)
+                job=job, fence=fence, value=typed, typed=agent.output_schema is not None)
     else:
         end_job(store, job_id, "failed", error=error, turns=ran, closing=(events, fields),
                 job=job, fence=fence)
@@ -375,6 +390,9 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     grammar = _grammar(agent, model)
     depth = job.depth
     continues = _continues(agent, model)
+    # a tool-calling model answers in plain text (its result): the provider holds it to the
+    # schema; in protocol text the grammar does (the final response), or nothing but the check
+    typed = agent.output_schema if tools and grammar is None else None
     with limits.calling(model_caller(store, job_id, job, agent, fence)):
         for restart in range(TURN_RESTARTS + 1):
             reading = Reading(store, job_id, job, agent, planner, depth, model, names, pushed.ended,
@@ -391,7 +409,8 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
             if state.stopped_at is not None or state.ended or state.limit is not None:
                 break  # the partial answer stops here already (a sync action, a limit)
             stream = open_stream(model, request, tools=tools, base_dir=get_settings().manifests,
-                                 grammar=grammar, take=reading.take)
+                                 grammar=grammar, take=reading.take,
+                                 output_schema=typed if isinstance(typed, dict) else None)
             try:
                 for events in stream:  # only when this thread has something to do
                     if reading.lost:
@@ -521,15 +540,19 @@ def _grammar(agent: AgentSpec, model: ModelConfig) -> Grammar | None:
 def end_job(store: Store, job_id: str, status: str, *, result: str | None = None,
             error: str | None = None, turns: int | None = None,
             closing: Closing = ([], {}), job: JobRecord | None = None,
-            fence: int | None = None) -> None:
+            fence: int | None = None, value: Any = None, typed: bool = False) -> None:
     """End an agent job (through `jobs.end_job`). `turns`: how many turns ran (default: the
     job's turn counter, which counts a turn as it begins). `closing`: the last turn's closing
     events and fields, logged and written with the end. `job`: its record, just read.
-    `fence`: the ending turn's (a turn taken over does not end its job)."""
+    `fence`: the ending turn's (a turn taken over does not end its job). `typed`: the job's
+    result is `value`, its final response read against the agent's `output_schema` (kept as
+    JSON text in the record, `result_type: json`)."""
     if turns is None:
         turns = (store.peek(job_id, "turn") or JobRecord(id=job_id)).turn
     events, fields = closing
-    lifecycle.end_job(store, job_id, status, {"status": status, "result": result, "error": error,
+    final = value if typed else result
+    lifecycle.end_job(store, job_id, status, {"status": status, "result": final, "error": error,
                                          "turns": turns},
-                 {**fields, "result": result or "", "error": error or "", "turns": turns},
-                 events=events, result=result, job=job, fence=fence)
+                 {**fields, "result": dumps(value) if typed else result or "",
+                  "result_type": "json" if typed else "", "error": error or "", "turns": turns},
+                 events=events, result=final, job=job, fence=fence)
