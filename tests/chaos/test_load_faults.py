@@ -494,6 +494,8 @@ def test_load_under_faults(stack: Stack) -> None:
             elif fault == "end":  # the pauses end first: the last wave's sleeps are to come
                 killer.stop()
                 pauser.finish()
+                # one tool worker again, so that the last fault finds a sleep under way
+                harness.stop_all(processes=faults.woken)
             if fault == "agent":  # the killer waits: this kill must come while a turn streams
                 with faults.lock:
                     submit(stack, wave)
@@ -563,7 +565,6 @@ def test_load_under_faults(stack: Stack) -> None:
                        message=lambda: f"queues not drained: "
                                        f"{[(q, stack.client.llen(q)) for q in QUEUES]}")
     faults.revive()
-    harness.stop_all(processes=faults.woken)  # the stack has one worker per pool again
 
 
 def test_a_start_cut_short_after_begin_is_sent_again(stack: Stack) -> None:
