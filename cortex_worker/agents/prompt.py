@@ -6,18 +6,22 @@
   always give the same text.
 * `format_results` / `format_feeds` / `format_errors` / `PROTOCOL_REMINDER`: the feedback of a
   turn (`<result>` and `<context_feed>` blocks, protocol errors, the reminder).
-* `tool_functions(agent, registry)`: the agent's tools as OpenAI function definitions, for
-  models with `native_tools`.
+* `tool_functions(agent, registry, client_tools)`: the agent's tools as OpenAI function
+  definitions, for models with `native_tools`.
+
+A job's client tools (`JobOptions.client_tools`, e.g. AG-UI frontend tools) are listed with
+the agent's own tools, in the prompt and as functions: the model calls both the same way.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cortex_worker.actions.table import ACTION_TYPES
+from cortex_worker.actions.types.base import ClientTool
 
 if TYPE_CHECKING:
     from cortex_worker.agents.spec import AgentSpec
@@ -118,10 +122,12 @@ _FIXES: dict[str, str] = {
 # ---------------------------------------------------------------- the system prompt
 
 
-def build_system_prompt(agent: AgentSpec, registry: Registry) -> str:
+def build_system_prompt(agent: AgentSpec, registry: Registry,
+                        client_tools: Sequence[ClientTool] = ()) -> str:
     """The agent's whole system prompt. It starts with the protocol and the example, the same
     text for every agent, so that providers' prompt caching shares that prefix; then who the
-    agent is, its instructions, and what it may use. Deterministic."""
+    agent is, its instructions, and what it may use (`client_tools`: the job's, in the tools'
+    section). Deterministic."""
     intro = f"# You\n\nYou are {agent.name}, an agent running in Cortex."
     if agent.description.strip():
         intro += f" {agent.description.strip()}"
@@ -129,7 +135,9 @@ def build_system_prompt(agent: AgentSpec, registry: Registry) -> str:
     if agent.system_prompt.strip():
         parts.append(f"# Your instructions\n\n{agent.system_prompt.strip()}")
     parts += [section for row in ACTION_TYPES.values()
-              if (section := row.prompt(agent, registry)) is not None]
+              if (section := row.client_prompt(agent, registry, client_tools)
+                  if client_tools and row.client_prompt is not None
+                  else row.prompt(agent, registry)) is not None]
     return "\n\n".join(parts) + "\n"
 
 
@@ -220,9 +228,12 @@ def format_errors(errors: list[dict[str, Any]]) -> str:
 # ---------------------------------------------------------------- native function calling
 
 
-def tool_functions(agent: AgentSpec, registry: Registry) -> list[dict[str, Any]]:
-    """The agent's tools in OpenAI function-calling format, in the agent's order."""
-    return [_function(registry.tool(name)) for name in agent.tools]
+def tool_functions(agent: AgentSpec, registry: Registry,
+                   client_tools: Sequence[ClientTool] = ()) -> list[dict[str, Any]]:
+    """The agent's tools in OpenAI function-calling format, in the agent's order, then the
+    job's client tools."""
+    return [*(_function(registry.tool(name)) for name in agent.tools),
+            *(_function(tool) for tool in client_tools)]
 
 
 _NOT_FUNCTION_NAME = re.compile(r"[^A-Za-z0-9_-]")
@@ -234,12 +245,13 @@ def function_name(tool: str) -> str:
     return _NOT_FUNCTION_NAME.sub("__", tool)
 
 
-def tool_names(agent: AgentSpec) -> dict[str, str]:
+def tool_names(agent: AgentSpec, client_tools: Sequence[ClientTool] = ()) -> dict[str, str]:
     """Native function name -> tool name, for the calls a model makes."""
-    return {function_name(name): name for name in agent.tools}
+    return {function_name(name): name
+            for name in [*agent.tools, *(tool.name for tool in client_tools)]}
 
 
-def _function(spec: ToolSpec) -> dict[str, Any]:
+def _function(spec: ToolSpec | ClientTool) -> dict[str, Any]:
     function: dict[str, Any] = {"name": function_name(spec.name), "parameters": spec.parameters}
     if spec.description:
         function["description"] = spec.description

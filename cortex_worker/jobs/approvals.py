@@ -7,6 +7,11 @@ mode and dependencies would block anyway) and `approval_requested` shows its par
 substitution. `jobs.decide_approval` records the answer once: approved, the action is queued
 and sent; rejected (by a person, or by the reconciler when the request expires), it fails
 with the reason, which the model reads as the action's error.
+
+A call to one of the job's client tools (`JobOptions.client_tools`, e.g. an AG-UI frontend
+tool) is held the same way, its request marked `client`: the client runs it, and
+`jobs.answer_client_call` records its answer as the action's result. It is never sent to a
+pool, and the request's expiry rejects it like any other when the client never answers.
 """
 
 from __future__ import annotations
@@ -44,20 +49,40 @@ def hold(store: Store, job_id: str, specs: Iterable[Mapping[str, Any]], registry
     """The actions to send now: those needing no approval, and approved ones. Each other one
     is held: a request is made for it (once), or it already waits, or it was rejected."""
     send: list[Mapping[str, Any]] = []
+    client: set[str] | None = None  # the job's client tools, read at the first unknown tool
     for spec in specs:
-        if not required(spec, registry):
-            send.append(spec)
-            continue
-        parameters = _shown(store, job_id, spec.get("parameters", {}))
-        wait = timeout_s(spec, registry, settings)
-        now = time.time()
-        record = {"state": "requested", "requested_at": now, "timeout_s": wait,
-                  "expires_at": now + wait}
-        event = {"action_id": spec["id"], "type": spec["type"], "name": spec["name"],
-                 "parameters": parameters, "timeout_s": wait, "expires_at": now + wait}
-        if store.request_approval(job_id, spec["id"], record, event) == "approved":
+        if ACTION_TYPES[spec["type"]].client_target(registry, spec["name"]):
+            if client is None:
+                client = set(client_tools(store, job_id))
+            if spec["name"] in client:
+                _request(store, job_id, spec, registry, settings, client=True)
+                continue  # never sent: the client answers it
+        if not required(spec, registry) \
+                or _request(store, job_id, spec, registry, settings, client=False) == "approved":
             send.append(spec)
     return send
+
+
+def client_tools(store: Store, job_id: str) -> list[str]:
+    """The names of the job's client tools (`JobOptions.client_tools`)."""
+    job = store.peek(job_id, "options")
+    return job.options.client_tool_names() if job is not None else []
+
+
+def _request(store: Store, job_id: str, spec: Mapping[str, Any], registry: Registry,
+             settings: Settings, *, client: bool) -> str:
+    """Request an answer for the action (once); returns its state (`Store.request_approval`)."""
+    parameters = _shown(store, job_id, spec.get("parameters", {}))
+    wait = timeout_s(spec, registry, settings)
+    now = time.time()
+    record: dict[str, Any] = {"state": "requested", "requested_at": now, "timeout_s": wait,
+                              "expires_at": now + wait}
+    event: dict[str, Any] = {"action_id": spec["id"], "type": spec["type"],
+                             "name": spec["name"], "parameters": parameters, "timeout_s": wait,
+                             "expires_at": now + wait}
+    if client:
+        record["client"] = event["client"] = True
+    return store.request_approval(job_id, spec["id"], record, event)
 
 
 def _shown(store: Store, job_id: str, parameters: Any) -> Any:

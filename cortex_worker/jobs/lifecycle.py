@@ -20,6 +20,8 @@ from typing import Any
 from cortex_worker.actions import dispatch, executor
 from cortex_worker.actions.call import ChildJob
 from cortex_worker.actions.table import ACTION_TYPES, Target
+from cortex_worker.agents.prompt import function_name
+from cortex_worker.agents.spec import AgentSpec
 from cortex_worker.errors import SubmitError
 from cortex_worker.handles import get_registry
 from cortex_worker.jobs import approvals, tenants, usage
@@ -142,11 +144,31 @@ def submit_agent(store: Store, agent: str, text: str, *, options: JobOptions | N
     """Create an agent job (`agent` must be registered) and queue its first turn; with
     `session`, as that session's next message (SessionBusy if it cannot take one now)."""
     spec = get_registry().agent(agent)
+    if options is not None:
+        _check_client_tools(spec, options)
     fields: dict[str, Any] = {"agent": spec.name, "input": text}
     periodic = {f.id: f for f in spec.context_feeds if f.type == "periodic" and f.enabled}
     return _create(store, NewJob("agent", fields, {"agent": spec.name}, options=options,
                                  parent=parent, depth=depth, tenant=tenant, history=history,
                                  feeds=periodic, session=session))
+
+
+def _check_client_tools(agent: AgentSpec, options: JobOptions) -> None:
+    """A client tool may not share a name (nor a native function's name) with one of the
+    agent's tools or another client tool: a call must name one tool only."""
+    own = {function_name(name): name for name in agent.tools}
+    seen: dict[str, str] = {}
+    for tool in options.client_tools:
+        key = function_name(tool.name)
+        if key in own:
+            whose = f"tool {own[key]!r} of agent {agent.name!r}"
+        elif key in seen:
+            whose = f"client tool {seen[key]!r}"
+        else:
+            seen[key] = tool.name
+            continue
+        message = f"client tool {tool.name!r} clashes with {whose}: give it another name"
+        raise SubmitError(message, [_problem("client_tool_clash", message)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,6 +447,12 @@ def decide_approval(store: Store, job_id: str, action_id: str, *, approve: bool,
     with the reason, which the model reads as its error. Returns "approved" or "rejected" when
     this call decided, else what stood in the way: "was_approved" or "was_rejected", "none"
     (nothing was requested) or "ended" (the job)."""
+    request = store.approvals(job_id).get(action_id)
+    if request is not None and request.get("client"):
+        if approve:
+            return "none"  # the client answers its call with a result (`answer_client_call`)
+        if store.action_status(job_id, action_id) != approvals.AWAITING:
+            return "was_answered"  # its result is recorded: nothing left to reject
     decision = "approved" if approve else "rejected"
     event = {"action_id": action_id, "by": by, "reason": reason}
     outcome = store.decide_approval(job_id, action_id, decision, event)
@@ -437,6 +465,27 @@ def decide_approval(store: Store, job_id: str, action_id: str, *, approve: bool,
         executor.record_outcome(store, job_id, action_id, spec, "error", None,
                                 f"rejected by {by}: {reason or 'no reason given'}")
     return outcome
+
+
+def answer_client_call(store: Store, job_id: str, action_id: str, result: Any,
+                       error: str | None = None) -> str:
+    """Record a client's answer to a call of one of the job's client tools as the action's
+    outcome (once): `result`, or the `error` the client reports, which the model reads as
+    the call's error; then the job goes on. Returns the status recorded ("ok", "error"), else
+    what stood in the way: "none" (no such call awaits its client), "was_rejected" (it
+    expired, or a person rejected it), "duplicate" (answered already) or "ended" (the job)."""
+    request = store.approvals(job_id).get(action_id)
+    spec = store.spec(job_id, action_id)
+    if request is None or not request.get("client") or spec is None:
+        return "none"
+    if request["state"] != "requested":
+        return f"was_{request['state']}"
+    status = store.peek(job_id, "status")
+    if status is None or status.ended:
+        return "ended"
+    if error is not None:
+        return executor.record_outcome(store, job_id, action_id, spec, "error", None, error)
+    return executor.record_outcome(store, job_id, action_id, spec, "ok", result, None)
 
 
 class _Hooks:

@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
+
+
+class ClientTool(BaseModel):
+    """A tool the job's client runs itself (an AG-UI frontend tool): offered to the model like
+    the agent's own tools; a call to one waits, like an approval, for the client's answer,
+    which becomes its result. Cortex never runs it."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$",
+                      description="unique among the agent's tools and the job's client tools")
+    description: str = Field(default="", max_length=4000)
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}},
+        description="the call's parameters, as JSON Schema")
 
 
 class JobOptions(BaseModel):
@@ -20,3 +35,12 @@ class JobOptions(BaseModel):
     model: str | None = Field(default=None, max_length=200,
                               description="use this model name instead of the agent manifest's "
                               "(documents: instead of CORTEX_DOCUMENT_MODEL's)")
+    client_tools: list[ClientTool] = Field(
+        default_factory=list, max_length=128,
+        description="agent jobs: tools the client runs itself (AG-UI frontend tools, "
+                    "answered by the next run's tool messages); a call to one waits for the "
+                    "client's result like an approval, and expires like one")
+
+    def client_tool_names(self) -> list[str]:
+        """The names of the client tools, in order."""
+        return [tool.name for tool in self.client_tools]

@@ -196,6 +196,21 @@ class Target:
 Callee = tuple[str, Mapping[str, Any]]
 
 
+class ClientTool(Protocol):
+    """A tool a job's client runs itself (`jobs.options.ClientTool` is one): a `type="tool"`
+    target of that job only. Named here, not imported: the prompt and the grammar list them
+    next to the agent's own tools."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def parameters(self) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ActionType:
     """One row of the table: everything that differs between action types."""
@@ -233,6 +248,13 @@ class ActionType:
     in_turn: bool = False
     """A ready action runs in the turn that parsed it, not on a pool (it changes the turn's own
     job: internal actions)."""
+    client_prompt: Callable[[Agent, Tables, Sequence[ClientTool]], str] | None = None
+    """The type's targets include a job's client tools (`JobOptions.client_tools`): its prompt
+    section with them listed (None: the type takes none). The grammar and the native
+    functions list them with the type's own targets."""
+    client_target: Callable[[Tables, str], bool] = lambda registry, name: False
+    """Whether a name may be one of a job's client tools (no manifest declares it): a call of
+    one is held for the client's answer (`jobs.approvals`), never sent to a pool."""
 
 
 def listing(heading: str, names: Sequence[str]) -> str | None:

@@ -37,6 +37,7 @@ from cortex_worker.jobs import feeds, lifecycle, tenants
 from cortex_worker.jobs import usage as spending
 from cortex_worker.jobs.ends import Watch
 from cortex_worker.jobs.kinds import KINDS, render_responses
+from cortex_worker.jobs.options import ClientTool
 from cortex_worker.jobs.record import JobRecord
 from cortex_worker.jobs.turns.reading import (
     Reading,
@@ -331,7 +332,7 @@ def _prompt(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn: i
     context = feeds.current_values(store, job_id, agent.name, inputs.feed_changes)
     if context:
         parts.append(format_feeds(context))
-    system = build_system_prompt(agent, get_registry())
+    system = build_system_prompt(agent, get_registry(), job.options.client_tools)
     text = "\n\n".join(x for x in parts if x)
     user = [{"role": "user", "content": text or PROTOCOL_REMINDER}] if text or not tool_messages else []
     fresh = [*tool_messages, *user]  # appended to the conversation with the turn's reply
@@ -384,18 +385,22 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
         return None  # it ended (cancelled) before this turn began
     messages, fresh = _prompt(store, job_id, job, agent, turn, finished, inputs)
     planner = StreamPlanner.from_json(job.planner)
-    tools = tool_functions(agent, get_registry()) if agent.model.native_tools else None
-    names = tool_names(agent)
+    client = job.options.client_tools
+    tools = tool_functions(agent, get_registry(), client) if agent.model.native_tools else None
+    names = tool_names(agent, client)
     model = _acting(KINDS["agent"].model(job) or agent.model, planner)
-    grammar = _grammar(agent, model)
+    grammar = _grammar(agent, model, client)
     depth = job.depth
+    # the job's client tools are granted like the manifest's tools (`tool.grant`)
+    granting = agent.model_copy(update={"tools": [*agent.tools, *job.options.client_tool_names()]}) \
+        if client else agent
     continues = _continues(agent, model)
     # a tool-calling model answers in plain text (its result): the provider holds it to the
     # schema; in protocol text the grammar does (the final response), or nothing but the check
     typed = agent.output_schema if tools and grammar is None else None
     with limits.calling(model_caller(store, job_id, job, agent, fence)):
         for restart in range(TURN_RESTARTS + 1):
-            reading = Reading(store, job_id, job, agent, planner, depth, model, names, pushed.ended,
+            reading = Reading(store, job_id, job, granting, planner, depth, model, names, pushed.ended,
                               retaken=restarted or bool(partial), fence=fence,
                               keep_streamed=continues)
             state = reading.state
@@ -421,7 +426,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
                         if _stop_reason(store, job_id, agent, job, fence, renew=True):
                             state.ended = True
                             break
-                    handle(store, job_id, agent, planner, events, state, depth, model)
+                    handle(store, job_id, granting, planner, events, state, depth, model)
                     if state.stopped_at is not None or state.ended:
                         break
             except ModelError as exc:
@@ -458,7 +463,7 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
     tail = parser.close()
     if state.stopped_at is not None:  # we cut the stream: open blocks are not the model's fault
         tail = [e for e in tail if not (e.type == p.PROTOCOL_ERROR and e.data["kind"] == "unclosed_block")]
-    handle(store, job_id, agent, planner, tail, state, depth, model)
+    handle(store, job_id, granting, planner, tail, state, depth, model)
     if state.ended:
         return None
     fail_unseen_dependencies(store, job_id, planner, state)
@@ -522,18 +527,21 @@ def _acting(model: ModelConfig, planner: StreamPlanner) -> ModelConfig:
     return model
 
 
-_grammars: dict[tuple[str, str, str], Grammar | None] = {}
+_grammars: dict[tuple[str, str, str, str], Grammar | None] = {}
 
 
-def _grammar(agent: AgentSpec, model: ModelConfig) -> Grammar | None:
+def _grammar(agent: AgentSpec, model: ModelConfig,
+             client: list[ClientTool]) -> Grammar | None:
     """The agent's protocol grammar in its model's flavour (`model.grammar`) for the turn's
-    tool choice, built once per process (the registry does not change while it runs)."""
+    tool choice and the job's client tools, built once per process (the registry does not
+    change while it runs; a frontend sends the same client tools run after run)."""
     if model.grammar is None:
         return None
-    key = (agent.name, model.grammar, model.tool_choice)
+    key = (agent.name, model.grammar, model.tool_choice,
+           dumps([tool.model_dump() for tool in client]))
     if key not in _grammars:
         _grammars[key] = build_grammar(agent, get_registry(), model.grammar,
-                                       tool_choice=model.tool_choice)
+                                       tool_choice=model.tool_choice, client_tools=client)
     return _grammars[key]
 
 
