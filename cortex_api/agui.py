@@ -83,7 +83,8 @@ class AgUiTranslator:
     def _id(self, kind: str, event: Event) -> str:
         return f"{self.job_id}:{kind}:{event['seq']}"
 
-    def _call_id(self, action_id: str) -> str:
+    def call_id(self, action_id: str) -> str:
+        """The tool call id of an action, in every stream of the job."""
         return f"{self.job_id}:{action_id}"
 
     # -- run and turns --------------------------------------------------------------------
@@ -122,10 +123,13 @@ class AgUiTranslator:
 
     def interrupted(self, event: Event, interrupts: list[AgUi]) -> list[AgUi]:
         """The run ends at `event` because the job waits for people: close what is open, then
-        RUN_FINISHED with the interrupt outcome."""
-        return self._finish(event, {"type": "RUN_FINISHED", "threadId": self.thread_id,
-                                    "runId": self.run_id,
-                                    "outcome": {"type": "interrupt", "interrupts": interrupts}})
+        RUN_FINISHED with the interrupt outcome; with no interrupt (it waits only for the
+        client's frontend tools), a plain RUN_FINISHED: the client runs the tool calls it
+        was sent, as after any run, and answers them in the next."""
+        last: AgUi = {"type": "RUN_FINISHED", "threadId": self.thread_id, "runId": self.run_id}
+        if interrupts:
+            last["outcome"] = {"type": "interrupt", "interrupts": interrupts}
+        return self._finish(event, last)
 
     def reset_usage(self) -> None:
         """A run that goes on after an interrupt reports only the model calls it made itself."""
@@ -147,7 +151,7 @@ class AgUiTranslator:
 
     def called(self, action_id: str) -> str | None:
         """The tool call id of an action whose call was sent, else None."""
-        return self._call_id(action_id) if action_id in self._calls else None
+        return self.call_id(action_id) if action_id in self._calls else None
 
     def _finish(self, event: Event, last: AgUi) -> list[AgUi]:
         """Close what is open, then the run: RUN_FINISHED / RUN_ERROR comes last."""
@@ -255,7 +259,7 @@ class AgUiTranslator:
         if action["id"] in self._calls:  # a taken-over turn parses it again: one call only
             return self._custom(event)
         self._calls.add(action["id"])
-        call = self._call_id(action["id"])
+        call = self.call_id(action["id"])
         return [{"type": "TOOL_CALL_START", "toolCallId": call, "toolCallName": action["name"],
                  "rawEvent": event},
                 {"type": "TOOL_CALL_ARGS", "toolCallId": call,
@@ -282,8 +286,8 @@ class AgUiTranslator:
     def _result(self, event: Event, content: str) -> list[AgUi]:
         """The action's outcome, as the model reads it, answers its tool call."""
         action_id = event["data"]["action_id"]
-        return [{"type": "TOOL_CALL_RESULT", "messageId": f"{self._call_id(action_id)}:result",
-                 "toolCallId": self._call_id(action_id), "role": "tool", "content": content,
+        return [{"type": "TOOL_CALL_RESULT", "messageId": f"{self.call_id(action_id)}:result",
+                 "toolCallId": self.call_id(action_id), "role": "tool", "content": content,
                  "rawEvent": event}]
 
     # -- the rest -------------------------------------------------------------------------
@@ -336,6 +340,10 @@ class AgUiRun:
     """One run of `POST /v1/agents/{name}/ag-ui`: the events of its job after seq `start`,
     under the client's thread and run ids. It ends with the job, or at seq `until`, where the
     job began to wait for people: RUN_FINISHED then carries an interrupt per approval awaited.
+    A call of a client tool (`JobOptions.client_tools`: an AG-UI frontend tool) is held like
+    an approval, but is no interrupt: the run ends with its TOOL_CALL_* events, and the
+    client's answer in the next run is its result (the client holds that message already: it
+    gets no TOOL_CALL_RESULT for it).
 
     `seen` takes the events the client already has (up to where its stream joins); calls
     return (SSE id, AG-UI event) pairs: a stream that joins after the job's first event
@@ -353,6 +361,7 @@ class AgUiRun:
         self._joined = False
         self._last: Event | None = None
         self._awaiting: dict[str, Event] = {}  # action id -> its approval_requested
+        self._client: set[str] = set()  # action ids of client tool calls
 
     @property
     def awaiting(self) -> bool:
@@ -392,6 +401,8 @@ class AgUiRun:
         out: list[AgUi] = []
         for action_id, event in self._awaiting.items():
             data = event["data"]
+            if data.get("client"):
+                continue
             shown = json.dumps(data.get("parameters") or {}, ensure_ascii=False)
             interrupt: AgUi = {
                 "id": interrupt_id(job_id, action_id), "reason": "confirmation",
@@ -409,6 +420,11 @@ class AgUiRun:
             out.append(interrupt)
         return out
 
+    def client_calls(self) -> dict[str, str]:
+        """The client tool calls awaited now: tool call id -> action id."""
+        return {self.translate.call_id(action_id): action_id
+                for action_id, event in self._awaiting.items() if event["data"].get("client")}
+
     def _take(self, event: Event) -> list[AgUi]:
         """Translate an event, follow the approvals, and end the run where it ends."""
         seq, kind = int(event["seq"]), str(event["type"])
@@ -416,10 +432,14 @@ class AgUiRun:
         data = event["data"]
         if kind == EventType.approval_requested:
             self._awaiting[data["action_id"]] = event
+            if data.get("client"):
+                self._client.add(data["action_id"])
         elif kind in (EventType.action_approved, EventType.action_rejected) \
                 or kind in ACTION_END_EVENTS:
             self._awaiting.pop(data.get("action_id", ""), None)
         out = self.translate(event)
+        if kind == EventType.action_completed and data["action_id"] in self._client:
+            out = [item for item in out if item["type"] != "TOOL_CALL_RESULT"]
         if seq == self.start and seq > 0:
             self.translate.reset_usage()
         if kind in TERMINAL_EVENTS:

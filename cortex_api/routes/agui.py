@@ -6,7 +6,10 @@ A thin layer over sessions and jobs, never a second engine. A thread is a sessio
 run is a job, or after an interrupt the next part of the same job's log. Each run is recorded
 (`Store.claim_agui_run`) so that posting its id again attaches to it instead of starting
 another job. A job that waits for a person's approval ends its run with an interrupt; the next
-run's `resume` answers it (`decide_approval`) and streams the job from there. The events are
+run's `resume` answers it (`decide_approval`) and streams the job from there. The run's
+`tools` are the job's client tools (`JobOptions.client_tools`): a call to one is held like an
+approval and ends the run with its TOOL_CALL_* events; the next run's `tool` messages answering
+those calls are their results (`answer_client_call`) and the same job goes on. The events are
 those of `?format=ag-ui` (cortex_api.agui), under the same SSE ids: `Last-Event-ID` resumes.
 """
 
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from ag_ui.core import RunAgentInput, UserMessage
+from ag_ui.core import RunAgentInput, ToolMessage, UserMessage
 from fastapi import APIRouter, Header, Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -42,8 +45,9 @@ from cortex_api.sse import (
 )
 from cortex_worker.errors import CortexError
 from cortex_worker.handles import get_registry
-from cortex_worker.jobs.lifecycle import decide_approval, submit_agent
-from cortex_worker.jobs.options import JobOptions
+from cortex_worker.jobs.approvals import AWAITING
+from cortex_worker.jobs.lifecycle import answer_client_call, decide_approval, submit_agent
+from cortex_worker.jobs.options import ClientTool, JobOptions
 from cortex_worker.protocol.events import JOB_TERMINAL
 from cortex_worker.settings import Settings
 from cortex_worker.store.state import SessionBusy, SessionTurn, Store, dumps
@@ -86,6 +90,16 @@ class RunRefused(CortexError):
 
 
 @dataclass(frozen=True, slots=True)
+class Pending:
+    """Where a job's last run ended waiting: its seq, its open interrupts (approvals) by id,
+    and the client tool calls it waits for (tool call id -> action id)."""
+
+    until: int
+    interrupts: dict[str, AgUi]
+    calls: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
 class Run:
     """What a run streams: its job's events after `start`, to the job's end or `until`."""
 
@@ -119,7 +133,9 @@ async def run_agent(name: Annotated[str, Path(description="the agent")], body: R
     The events are those of `GET /v1/jobs/{id}/events?format=ag-ui`, under the client's
     thread and run ids, after a `CUSTOM` event `cortex.run` naming the job. An action
     awaiting approval ends the run with an interrupt; the next run's `resume` answers it and
-    the same job goes on. A run that cannot start is one `RUN_ERROR`. See
+    the same job goes on. The run's `tools` (frontend tools) are offered to the model: a call
+    to one ends the run with the call, and the next run's `tool` messages are its results.
+    A run that cannot start is one `RUN_ERROR`. See
     [integrations](integrations.md#ag-ui)."""
     if name not in get_registry().agents:
         raise api_error(404, f"no agent named {name!r}", agents=sorted(get_registry().agents))
@@ -158,7 +174,7 @@ def _prepare(store: Store, settings: Settings, caller: Caller, agent: str, body:
         return _attach(store, session_id, body.run_id)
     session = store.get_session(session_id)
     last_job: str | None = session["jobs"][-1] if session and session["jobs"] else None
-    if body.resume:
+    if body.resume or _answers(body):
         return _resume(store, session_id, body, runs, last_job, caller)
     text = _user_text(body)  # a 422 before the thread is created
     if session is None:
@@ -193,9 +209,19 @@ def _start(store: Store, session: dict[str, Any], body: RunAgentInput, text: str
            runs: dict[str, dict[str, Any]], last_job: str | None, caller: Caller) -> Run:
     """A new message: the session's next job, whose input is `text`, the user's message."""
     session_id = session["id"]
-    if last_job is not None and _pending(store, session_id, runs, last_job) is not None:
-        raise RunRefused("the thread waits for answers to its interrupts: send them in "
-                         "`resume`", code="interrupted")
+    pending = _pending(store, session_id, runs, last_job) if last_job is not None else None
+    if pending is not None:
+        wants = (["answers to its interrupts (in `resume`)"] if pending.interrupts else []) \
+            + (["the results of its frontend tool calls (as `tool` messages)"]
+               if pending.calls else [])
+        raise RunRefused(f"the thread waits for {' and '.join(wants)}", code="interrupted")
+    options = JobOptions.model_validate_json(session.get("options") or "{}")
+    try:
+        client = [ClientTool(name=tool.name, description=tool.description,
+                             parameters=tool.parameters) for tool in body.tools or []]
+    except ValidationError as exc:
+        raise RunRefused(f"invalid frontend tool: {exc.errors()[0]['msg']}",
+                         code="invalid_tools") from None
     history = [{"role": m["role"], "content": m["content"]} for m in session["messages"]] \
         or _client_history(body)
     record = {"job": None, "after": 0, "until": None, "at": time.time()}
@@ -204,7 +230,7 @@ def _start(store: Store, session: dict[str, Any], body: RunAgentInput, text: str
     try:
         job_id = submit_agent(
             store, session["agent"], text, history=history,
-            options=JobOptions.model_validate_json(session.get("options") or "{}"),
+            options=options.model_copy(update={"client_tools": client}),
             session=SessionTurn(session_id, last_job),
             tenant=session.get("tenant") or caller.tenant)
     except SessionBusy as exc:
@@ -220,12 +246,36 @@ def _start(store: Store, session: dict[str, Any], body: RunAgentInput, text: str
 
 def _resume(store: Store, session_id: str, body: RunAgentInput,
             runs: dict[str, dict[str, Any]], last_job: str | None, caller: Caller) -> Run:
-    """A run that answers the interrupts of the thread's last run: the same job goes on."""
+    """A run that answers what the thread's last run ended waiting for: its interrupts (in
+    `resume`, every one) and its frontend tool calls (`tool` messages); the same job goes on."""
     pending = _pending(store, session_id, runs, last_job) if last_job else None
     if pending is None or last_job is None:
-        raise RunRefused("nothing to resume: the thread has no open interrupts",
-                         code="no_interrupt")
-    until, interrupts = pending
+        raise RunRefused("nothing to resume: the thread has no open interrupts nor frontend "
+                         "tool calls", code="no_interrupt")
+    decisions = _decisions(body, pending.interrupts)
+    results = {call: message for call, message in _tool_results(body).items()
+               if call in pending.calls}
+    if not decisions and not results:
+        raise RunRefused("the run answers none of the thread's frontend tool calls: send "
+                         f"`tool` messages for {', '.join(sorted(pending.calls))}",
+                         code="unanswered_tool_call")
+    record = {"job": last_job, "after": pending.until, "until": None, "at": time.time()}
+    if not store.claim_agui_run(session_id, body.run_id, record):
+        return _attach(store, session_id, body.run_id)
+    by = f"ag-ui, tenant {caller.tenant}" if caller.enforced else "ag-ui"
+    for ident, (approve, reason) in decisions.items():
+        action_id = pending.interrupts[ident]["metadata"]["cortex"]["actionId"]
+        decide_approval(store, last_job, action_id, approve=approve, by=by, reason=reason)
+    for call, message in results.items():
+        answer_client_call(store, last_job, pending.calls[call], message.content,
+                           error=message.error)
+    return Run(session_id, body.run_id, last_job, pending.until, None)
+
+
+def _decisions(body: RunAgentInput,
+               interrupts: dict[str, AgUi]) -> dict[str, tuple[bool, str | None]]:
+    """`resume`'s answers to the open interrupts, by interrupt id (RunRefused unless it
+    answers each one, and only those)."""
     answers = {entry.interrupt_id: entry for entry in body.resume or []}
     unknown = sorted(set(answers) - set(interrupts))
     if unknown:
@@ -251,20 +301,29 @@ def _resume(store: Store, session_id: str, body: RunAgentInput,
                              f"reason?: string}} ({exc.errors()[0]['msg']})",
                              code="invalid_resume") from None
         decisions[ident] = (payload.approved, payload.reason)
-    record = {"job": last_job, "after": until, "until": None, "at": time.time()}
-    if not store.claim_agui_run(session_id, body.run_id, record):
-        return _attach(store, session_id, body.run_id)
-    by = f"ag-ui, tenant {caller.tenant}" if caller.enforced else "ag-ui"
-    for ident, (approve, reason) in decisions.items():
-        action_id = interrupts[ident]["metadata"]["cortex"]["actionId"]
-        decide_approval(store, last_job, action_id, approve=approve, by=by, reason=reason)
-    return Run(session_id, body.run_id, last_job, until, None)
+    return decisions
+
+
+def _answers(body: RunAgentInput) -> bool:
+    """Whether the run answers frontend tool calls: its last message is a `tool` message."""
+    return bool(body.messages) and isinstance(body.messages[-1], ToolMessage)
+
+
+def _tool_results(body: RunAgentInput) -> dict[str, ToolMessage]:
+    """The `tool` messages at the end of the run's messages (after the last assistant or user
+    message: the answers to the last run's calls), by tool call id."""
+    out: dict[str, ToolMessage] = {}
+    for message in reversed(body.messages):
+        if not isinstance(message, ToolMessage):
+            break
+        out.setdefault(message.tool_call_id, message)
+    return out
 
 
 def _pending(store: Store, session_id: str, runs: dict[str, dict[str, Any]],
-             job_id: str) -> tuple[int, dict[str, AgUi]] | None:
-    """Where the job's last run ended waiting for people, and its interrupts by id; None if
-    it does not wait for any (it runs, ended, or was not started by a run)."""
+             job_id: str) -> Pending | None:
+    """Where the job's last run ended waiting for people or for its client; None if it does
+    not wait for any (it runs, ended, or was not started by a run)."""
     mine = [(run_id, r) for run_id, r in runs.items() if r["job"] == job_id]
     if not mine:
         return None
@@ -287,7 +346,10 @@ def _pending(store: Store, session_id: str, runs: dict[str, dict[str, Any]],
                  if approval.get("state") == "requested"}  # not answered since, nor expired
     open_ = {interrupt["id"]: interrupt for interrupt in run.interrupts()
              if interrupt["metadata"]["cortex"]["actionId"] in requested}
-    return (until, open_) if open_ else None
+    statuses = store.action_statuses(job_id)
+    calls = {call: action for call, action in run.client_calls().items()
+             if action in requested and statuses.get(action) == AWAITING}  # not answered
+    return Pending(until, open_, calls) if open_ or calls else None
 
 
 def _expired(interrupt: AgUi) -> bool:

@@ -240,6 +240,65 @@ def test_a_rejected_interrupt_fails_the_call_and_open_interrupts_block_new_input
     assert run.events[-1]["type"] == "RUN_FINISHED" and run.events[-1]["result"] == "Not deployed."
 
 
+PICK = {"name": "pick_color", "description": "Ask the user to pick a colour.",
+        "parameters": {"type": "object", "properties": {"hint": {"type": "string"}},
+                       "required": ["hint"]}}
+
+
+def test_a_frontend_tool_call_ends_the_run_and_the_next_run_carries_its_result(
+        api: harness.Process, fake_llm: FakeLLM) -> None:
+    model = unique("agui-frontend")
+    fake_llm.script(model, [
+        turn(act("c", "pick_color", {"hint": "warm"})),
+        turn(final("You picked $c.")),
+    ])
+    tid = thread()
+    first = run_client(endpoint(api), thread_id=tid, steps=[
+        Step("run-1", [user("Pick a colour.")], tools=[PICK], forwarded_props=props(model))])
+    run = first.steps[0]
+    assert run.error is None and first.warnings == []
+    assert_well_formed(run.events)
+    job_id = run.of("CUSTOM")[0]["value"]["jobId"]
+    call = f"{job_id}:c"
+    (start,) = run.of("TOOL_CALL_START")
+    assert (start["toolCallId"], start["toolCallName"]) == (call, "pick_color")
+    assert json.loads(run.of("TOOL_CALL_ARGS")[0]["delta"]) == {"hint": "warm"}
+    ended = run.events[-1]
+    assert ended["type"] == "RUN_FINISHED" and "outcome" not in ended
+    assert run.pending_interrupts == [] and run.of("TOOL_CALL_RESULT") == []
+    system = fake_llm.requests(model)[0]["messages"][0]["content"]
+    assert "- pick_color: Ask the user to pick a colour." in system
+    # the client holds the call; it runs the tool and answers in the next run
+    (assistant,) = [m for m in first.messages if m.get("toolCalls")]
+    assert [c["id"] for c in assistant["toolCalls"]] == [call]
+    answer = {"id": uuid.uuid4().hex, "role": "tool", "toolCallId": call, "content": "crimson"}
+    second = run_client(endpoint(api), thread_id=tid, messages=first.messages, steps=[
+        Step("run-2", [answer], tools=[PICK])])
+    done = second.steps[0]
+    assert done.error is None and second.warnings == []
+    well_formed(done.events, run)
+    assert done.of("CUSTOM")[0]["value"]["jobId"] == job_id  # the same job went on
+    assert done.of("TOOL_CALL_START") == [] and done.of("TOOL_CALL_RESULT") == []
+    assert done.events[-1]["type"] == "RUN_FINISHED"
+    assert done.events[-1]["result"] == "You picked crimson."
+    job = view(api, job_id)
+    assert job["status"] == "completed" and len(view_session(api, job_id)["jobs"]) == 1
+    # answered once: posting the answer again under a new run finds nothing to answer
+    again = run_client(endpoint(api), thread_id=tid, messages=first.messages, steps=[
+        Step("run-3", [answer], tools=[PICK])])
+    assert again.steps[0].events[0]["code"] == "no_interrupt"
+
+
+def test_a_frontend_tool_named_like_the_agents_tool_is_refused(api: harness.Process) -> None:
+    echo = {**PICK, "name": "echo"}
+    report = run_client(endpoint(api), thread_id=thread(), steps=[
+        Step("run-1", [user("Hi.")], tools=[echo])])
+    (refusal,) = report.steps[0].events
+    assert refusal["type"] == "RUN_ERROR" and refusal["code"] == "SubmitError"
+    assert refusal["message"] == ("client tool 'echo' clashes with tool 'echo' of agent "
+                                  "'tester': give it another name")
+
+
 def test_a_failed_job_ends_its_run_with_run_error(api: harness.Process,
                                                   fake_llm: FakeLLM) -> None:
     model = unique("agui-fail")

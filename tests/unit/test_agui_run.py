@@ -167,3 +167,47 @@ def test_a_run_whose_start_never_finished_is_dropped_and_can_be_posted_again() -
     assert refused.value.code == "run_not_started" and stale.records == {}
     started = Runs({"r1": {"job": "j1", "after": 5, "until": 9, "at": time.time()}})
     assert _attach(started, "s1", "r1") == Run("s1", "r1", "j1", 5, 9)  # type: ignore[arg-type]
+
+
+#: An agent job that calls a frontend tool (a client tool: held for the client, no interrupt);
+#: the client answers in the next run and the job answers with its result.
+CLIENT = log(
+    ("job_queued", {"kind": "agent", "agent": "tester"}),
+    ("job_started", {"kind": "agent", "agent": "tester"}),
+    ("turn_started", {"turn": 1}),
+    parsed("c", "pick_color", {"hint": "warm"}, mode="sync"),
+    ("approval_requested", {"action_id": "c", "type": "tool", "name": "pick_color",
+                            "parameters": {"hint": "warm"}, "timeout_s": 60,
+                            "expires_at": 1700000100.0, "client": True}),
+    ("usage", {"turn": 1, "prompt_tokens": 100, "completion_tokens": 20}),
+    ("action_completed", {"action_id": "c", "status": "ok", "duration_ms": 2.0,
+                          "result": "crimson"}),
+    ("turn_completed", {"turn": 1}),
+    ("turn_started", {"turn": 2}),
+    ("response_end", {"final": True, "text": "You picked crimson."}),
+    ("job_completed", {"status": "completed", "result": "You picked crimson.", "error": None,
+                       "turns": 2}),
+)
+CLIENT_PAUSE = 6
+
+
+def test_a_frontend_tool_call_ends_the_run_with_its_call_and_no_interrupt() -> None:
+    run = AgUiRun(JOB, "t1", "r1", session_id="s1", until=CLIENT_PAUSE)
+    events = items(stream(run, CLIENT))
+    parse_all(events)
+    assert_well_formed(events)
+    assert [e["type"] for e in events if e["type"].startswith("TOOL_CALL")] == [
+        "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END"]
+    assert events[-1]["type"] == "RUN_FINISHED" and "outcome" not in events[-1]
+    assert run.interrupts() == [] and run.client_calls() == {f"{JOB}:c": "c"}
+
+
+def test_the_run_that_answers_a_frontend_tool_gets_no_result_event_for_it() -> None:
+    run = AgUiRun(JOB, "t1", "r2", session_id="s1", start=CLIENT_PAUSE)
+    for event in CLIENT[:CLIENT_PAUSE]:
+        run.seen(event)
+    events = items(stream(run, CLIENT[CLIENT_PAUSE:]))
+    parse_all(events)
+    assert [e for e in events if e["type"] == "TOOL_CALL_RESULT"] == []  # the client has it
+    assert run.client_calls() == {}
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["result"] == "You picked crimson."
