@@ -59,7 +59,7 @@ agents:
     tools: [calculator]
     max_turns: {MAX_TURNS}
   - name: smol_must_act
-    description: The same, told to act (tool_choice required: the grammar demands an action).
+    description: The same, told to act (tool_choice required, so the grammar demands an action).
     model:
       <<: *arithmetic
       tool_choice: required
