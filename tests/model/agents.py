@@ -24,6 +24,7 @@ from cortex_worker.store.state import Store
 from cortex_worker.testing import StubBroker
 
 MAX_TOKENS = 1024
+ARITHMETIC_TOKENS = 256  # an action and a short answer: the turn that acts ends at its action
 MAX_TURNS = 2
 TEMPERATURE = 0.7
 
@@ -51,17 +52,12 @@ agents:
       grammar: null
     tools: [echo, calculator]
     max_turns: {MAX_TURNS}
-  - name: smol_arithmetic
-    description: The small model with the grammar, at temperature 0, asked to calculate.
-    model: &arithmetic
+  - name: smol_must_act
+    description: The small model at temperature 0, told to act (tool_choice required).
+    model:
       <<: *model
       temperature: 0
-    tools: [calculator]
-    max_turns: {MAX_TURNS}
-  - name: smol_must_act
-    description: The same, told to act (tool_choice required, so the grammar demands an action).
-    model:
-      <<: *arithmetic
+      max_tokens: {ARITHMETIC_TOKENS}
       tool_choice: required
     tools: [calculator]
     max_turns: {MAX_TURNS}
