@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite, in four pytest processes at once, whose tests mostly wait: on
+# `make test`: the whole suite, in six pytest processes at once, whose tests mostly wait: on
 # their own subprocesses, on recovery timers, on a model. Beside the integration and process
 # tests run tests/model (a real model on llama.cpp's server: about five minutes of one core),
 # tests/chaos with tests/load (kills, restarts and a two-minute soak: minutes of waiting for
-# timers), and the in-process tests with the security tests and the two integration files
-# that start whole stacks (cortex up, cortex demo), which evens the parts out; their output
-# follows that of the integration and process tests. Fails if any part failed. Arguments go
-# to every pytest run.
+# timers), the in-process tests with the security tests and the two integration files that
+# start whole stacks (cortex up, cortex demo), the Redis failover files (sentinels, a lagging
+# replica) with the remote A2A agent's, and the protocol adapters' (AG-UI with npm's client,
+# MCP, A2A), which evens the parts out; their output follows that of the integration and
+# process tests. Fails if any part failed. Arguments go to every pytest run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=.venv/bin/python
 beside=(tests/model "tests/chaos tests/load"
-        "tests/unit tests/engine tests/security tests/integration/test_up.py tests/integration/test_demo.py")
+        "tests/unit tests/engine tests/security tests/integration/test_up.py tests/integration/test_demo.py"
+        "tests/integration/test_sentinel.py tests/integration/test_failover.py tests/integration/test_replication.py tests/integration/test_a2a_client.py"
+        "tests/integration/test_agui_run.py tests/integration/test_mcp_server.py tests/integration/test_a2a.py")
 logs=()
 pids=()
 for part in "${beside[@]}"; do
