@@ -22,6 +22,7 @@ import pytest
 
 from cortex_worker.sandbox import docker as sandbox_docker
 from cortex_worker.settings import Settings
+from cortex_worker.tools.attempt import ENV as ATTEMPT_ENV
 from cortex_worker.tools.context import ToolContext
 from cortex_worker.tools.errors import ToolError, ToolTimeout
 from cortex_worker.tools.runtime import run_tool
@@ -156,7 +157,11 @@ def test_read_only_root_no_capabilities_and_only_the_manifest_env(api: Any) -> N
     assert "CapEff:\t0000000000000000" in out
     env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     assert env["BOX_GREETING"] == "hello"
-    leaked = [k for k in env if k.startswith(("CORTEX_", "DOCKER_", "PYTEST", "CELERY"))
+    # the call's own attempt (docs/manifests.md#idempotency) is all it gets of Cortex's
+    assert env["CORTEX_ATTEMPT"] == "1" and env["CORTEX_ACTION_ID"] == "box"
+    assert env["CORTEX_IDEMPOTENCY_KEY"] == f"{env['CORTEX_JOB_ID']}:box"
+    leaked = [k for k in env if (k.startswith(("CORTEX_", "DOCKER_", "PYTEST", "CELERY"))
+                                 and k not in ATTEMPT_ENV)
               or (k in os.environ and k not in ("PATH", "HOME", "HOSTNAME", "PWD", "SHLVL"))]
     assert not leaked, env
 
@@ -320,7 +325,8 @@ def test_container_config_defaults(tmp_path: Path) -> None:
     ctx = ToolContext.for_job(settings, "job-config", "a1", timeout=5)
     create, host = sandbox_docker.container_config(box(env={"A": "1"}), [], ctx)
     assert create["command"] is None and create["working_dir"] == "/workspace"
-    assert create["environment"] == {"A": "1"} and create["use_config_proxy"] is False
+    assert create["environment"] == {"A": "1", **ctx.identity.env()}  # the manifest's, the call's
+    assert create["use_config_proxy"] is False
     assert host["network_mode"] == "none" and host["read_only"] is True
     assert host["mem_limit"] == host["memswap_limit"] == 512 * MIB
     assert host["nano_cpus"] == 1_000_000_000 and host["pids_limit"] == 64
