@@ -9,21 +9,17 @@ when it first runs one (`cortex_worker.tools.runtime`), so loading manifests nev
 
 from __future__ import annotations
 
-import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from cortex_worker.sandbox.function_main import parse_last_line
-from cortex_worker.sandbox.warm import RUNNER
 from cortex_worker.tools import calculator, files, http, sandboxed
 from cortex_worker.tools.context import ToolContext
 from cortex_worker.tools.errors import ToolTimeout
 from cortex_worker.tools.spec import Limits
 
-SNIPPET = [sys.executable, "-I", "-m", RUNNER, "cortex_worker.sandbox.snippet:execute"]
-"""The snippet's command: the python runner, as a `@tool` function's, so that it runs warm.
-`-I` as ever: no PYTHON* variables, user site or workspace on the path at start-up."""
+SNIPPET = Path(__file__).resolve().parent.parent / "sandbox" / "snippet.py"
 PYTHON_LIMITS = Limits()
 
 
@@ -52,18 +48,14 @@ def calculate(params: dict[str, Any], ctx: ToolContext) -> int | float:
 
 
 def python(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    """Run a snippet in a sandboxed `python -I`, in the workspace, forked from a warm runner
-    (cortex_worker/sandbox/snippet.py): the runner's result is the snippet's result line."""
-    result = sandboxed.run(
-        SNIPPET,
+    """Run a snippet in a sandboxed `python -I`, in the workspace."""
+    line = sandboxed.run_json(
+        [sys.executable, "-I", str(SNIPPET)],
         ctx,
         limits=PYTHON_LIMITS,
-        stdin=json.dumps({"code": params["code"]}).encode("utf-8"),
+        stdin=params["code"].encode("utf-8"),
         env={"PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"},
-        warm=True,
     )
-    runner = sandboxed.answer(result, parse_last_line(result.stdout))
-    line = sandboxed.answer(result, runner.get("result"))
     return {"stdout": line.get("stdout", ""), "result": line.get("result")}
 
 
