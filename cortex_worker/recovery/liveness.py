@@ -65,19 +65,20 @@ class Heartbeat:
         while not self._stop.wait(self.every_s):
             self.beat()
             if self.watch is not None:
-                try:
-                    self.watch()
-                except RedisError as exc:
-                    log.warning("fencing check stopped: Redis: %s", exc)
-                except Exception:  # never let a bug stop the heartbeat
-                    log.exception("fencing check failed")
+                _guarded(self.watch, "fencing check")
             if self.tick is not None and self.trusted:
-                try:
-                    self.tick()
-                except RedisError as exc:
-                    log.warning("reconciler pass stopped: Redis: %s", exc)
-                except Exception:  # never let a bug stop the heartbeat
-                    log.exception("reconciler pass failed")
+                _guarded(self.tick, "reconciler pass")
+
+
+def _guarded(step: Callable[[], object], what: str) -> None:
+    """Run one of the heartbeat's steps: an error is logged, never let out (it would stop the
+    heartbeat, and the process would look dead)."""
+    try:
+        step()
+    except RedisError as exc:
+        log.warning("%s stopped: Redis: %s", what, exc)
+    except Exception:
+        log.exception("%s failed", what)
 
 
 def dead(store: Store, holders: set[str]) -> set[str]:
