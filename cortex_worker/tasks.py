@@ -30,9 +30,9 @@ def start_job(job_id: str) -> None:
 def run_action(self: Task, job_id: str, action_id: str, spec: dict[str, Any] | None = None,
                trigger: bool | None = None) -> str:
     """Run one action. Readiness dispatch sends the spec and `trigger`: the task sends the
-    dependents its end makes ready. A canvas step sends only the ids (its chain message
-    carries every later step): the spec is read from the job, and Celery sends the next
-    steps (`trigger` is false)."""
+    dependents its end makes ready. A canvas step sends the ids, and the spec with `trigger`
+    false when the step before it had it (plan/canvas.py: `hand_on`; else the spec is read
+    from the job); Celery sends the next steps."""
     return _execute(self, job_id, action_id, spec, spec is not None if trigger is None else trigger)
 
 

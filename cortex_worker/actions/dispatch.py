@@ -209,8 +209,8 @@ def send(job_id: str, specs: Iterable[Mapping[str, Any]], countdown: float | Non
 def send_canvas(job_id: str, step: Step, specs: Mapping[str, Mapping[str, Any]]) -> None:
     """Send a whole series-parallel plan as one canvas mirroring its structure."""
     def signature(action_id: str) -> Any:
-        # Small: a chain's message carries every later step. Only the ids (the task reads the
-        # spec), no argsrepr (the args are the ids already), and an empty reply_to, which
+        # Small: a chain's message carries every later step. Only the ids (plan/canvas.py:
+        # each run of steps travels as its ids), no argsrepr (the args are the ids already), and an empty reply_to, which
         # Celery would otherwise fill with a 36-character id per step that no Cortex result
         # backend reads.
         return app.signature(ACTION_TASK, args=[job_id, action_id], immutable=True,

@@ -23,6 +23,7 @@ from cortex_worker.errors import SubmitError
 from cortex_worker.handles import get_registry, get_store
 from cortex_worker.llm.stream import ModelError
 from cortex_worker.observability import tracing
+from cortex_worker.plan import canvas
 from cortex_worker.protocol.events import EventType
 from cortex_worker.protocol.variables import find_references, substitute
 from cortex_worker.recovery import fencing
@@ -83,10 +84,10 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
             again: Callable[[float], NoReturn] | None = None) -> str:
     """Run one action; `trigger` sends its ready dependents (readiness dispatch).
 
-    Canvas steps (`trigger` false) carry no spec (a chain message holds every later step): it
-    is read here. When another delivery holds the action, `again(countdown)` has this one
-    delivered again (it raises: a canvas step's task retries itself); without it a new
-    readiness task is sent.
+    A canvas step (`trigger` false) carries its spec only if the step before it had it at
+    hand (`canvas.hand_on`: a chain message holds every later step); else it is read here.
+    When another delivery holds the action, `again(countdown)` has this one delivered again
+    (it raises: a canvas step's task retries itself); without it a new readiness task is sent.
     """
     store = get_store()
     if spec is None:
@@ -302,6 +303,8 @@ def _record(store: Store, job_id: str, action_id: str, spec: Mapping[str, Any], 
             return status
     if trigger and result.ready:
         dispatch.send(job_id, result.ready)
+    elif result.ready:  # a canvas step: the chain's next step, sent next, takes its spec
+        canvas.hand_on(job_id, result.ready)
     if result.drained:
         _jobs().drained(store, job_id)
     return status

@@ -7,15 +7,22 @@ dependency the plan does not have: `chain(X, Y)` is used only where every action
 A chain's message carries every later step of the chain, and each step passes the rest on:
 a chain of n steps moves n²/2 step signatures through the broker and its workers, and each
 hop JSON-decodes them twice (the worker's consumer, then its pool process) and encodes them
-once. A chain that `to_canvas` builds therefore sends its plain steps in a compact form,
-`{"subtask_type": "cortex.step", "task", "args", "queue"}` (126 bytes and two JSON containers
-with a 32-character job id, instead of Celery's 230 bytes and four), which a worker turns
-back into the same signature (see `CompactStep`).
+once. A chain that `to_canvas` builds therefore sends each run of consecutive plain steps
+(one job's `cortex.action` tasks on one queue, at one priority) as one entry naming their
+action ids, `{"subtask_type": "cortex.steps", "task", "job", "ids", "queue"[, "priority"]}`:
+a few bytes a step instead of Celery's 230 (see `StepRun`). A worker turns the entry back
+into its first step, whose own message carries the rest of the run.
+
+A step also carries its action's spec when the step before it, in the same worker thread,
+has just read it (`hand_on`): the finish of an action returns the specs of the actions it
+made ready, and Celery's tracer sends the chain's next step right after the task returns, so
+that step does not read its spec again.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +31,9 @@ from celery.canvas import Signature, chain, group
 
 from cortex_worker.plan.dag import Plan
 
-#: The `subtask_type` of a chain step in compact form.
+#: The `subtask_type` of a run of chain steps in compact form.
+STEP_RUN = "cortex.steps"
+#: The `subtask_type` of one compact chain step, as an earlier version sent it.
 COMPACT_STEP = "cortex.step"
 
 
@@ -146,38 +155,116 @@ class CompactChain(chain):
             return super().apply_async(args, kwargs, **options)
         steps, results = self.prepare_steps((), {}, self.tasks, app=self.app)
         first = steps.pop()  # the later steps come last to first: a worker pops the next one
-        sent = first.apply_async(chain=[compact(s) for s in steps])
+        sent = first.apply_async(chain=compact(steps))
         return results[0] if steps else sent
 
 
 _PLAIN_KEYS = {"task", "args", "kwargs", "options", "subtask_type", "immutable", "chord_size"}
-_PLAIN_OPTIONS = {"queue", "task_id", "reply_to"}
+_PLAIN_OPTIONS = {"queue", "task_id", "reply_to", "priority"}
 
 
-def compact(step: Any) -> Any:
-    """A chain step as its chain's message carries it: compact if that loses nothing a step of
-    a Cortex canvas uses (an immutable task with positional arguments, a queue, and the task
-    id `":".join(args)`; `reply_to` only matters to Celery's RPC result backend), else as is."""
+def _plain(step: Any) -> tuple[str, str, str, int | None] | None:
+    """(task, job id, queue, priority) of a step a run can hold: an immutable task of two
+    string arguments (job id, action id) and the task id `job:action`, with a queue and at
+    most a priority (`reply_to` only matters to Celery's RPC result backend); else None."""
     if not (type(step) is Signature and step.immutable and not step.kwargs
             and set(step) <= _PLAIN_KEYS and not step.get("chord_size")
             and set(step.options) <= _PLAIN_OPTIONS and step.options.get("queue")
-            and all(isinstance(a, str) for a in step.args)
+            and len(step.args) == 2 and all(isinstance(a, str) for a in step.args)
             and step.options.get("task_id") == ":".join(step.args)):
+        return None
+    return step.task, step.args[0], step.options["queue"], step.options.get("priority")
+
+
+def compact(steps: Sequence[Any]) -> list[Any]:
+    """A chain's later steps (last to first) as its message carries them: each run of
+    consecutive plain steps alike (`_plain`) as one `StepRun` entry, any other step as is."""
+    out: list[Any] = []
+    for step in steps:  # last to first: a run's ids are gathered backwards, then reversed
+        kind = _plain(step)
+        last = out[-1] if out and isinstance(out[-1], _Run) else None
+        if kind is not None and last is not None and last.kind == kind:
+            last.ids.append(step.args[1])
+        elif kind is not None:
+            out.append(_Run(kind, [step.args[1]]))
+        else:
+            out.append(step)
+    return [entry.entry() if isinstance(entry, _Run) else entry for entry in out]
+
+
+@dataclass(slots=True)
+class _Run:
+    kind: tuple[str, str, str, int | None]
+    ids: list[str]  # last to first
+
+    def entry(self) -> dict[str, Any]:
+        task, job, queue, priority = self.kind
+        out = {"subtask_type": STEP_RUN, "task": task, "job": job, "ids": self.ids[::-1],
+               "queue": queue}
+        if priority is not None:
+            out["priority"] = priority
+        return out
+
+
+class _Handoff(threading.local):
+    """The specs a step of this thread made ready, by task id (`hand_on`)."""
+
+    def __init__(self) -> None:
+        self.specs: dict[str, dict[str, Any]] = {}
+
+
+_handoff = _Handoff()
+
+
+def hand_on(job_id: str, specs: Sequence[dict[str, Any]]) -> None:
+    """Keep the specs of the actions a canvas step's end made ready for the chain's next step,
+    which this thread sends next (Celery's tracer, once the task returns): it then carries
+    its spec and does not read it. Only the latest step's are kept."""
+    _handoff.specs = {f"{job_id}:{spec['id']}": spec for spec in specs}
+
+
+def _step(task: str, job_id: str, action_id: str, queue: str, priority: int | None,
+          app: Any, cls: type[Signature] = Signature) -> Signature:
+    """One canvas step as a worker sends it: with its spec if this thread has it (`hand_on`).
+    argsrepr and kwargsrepr as Celery would write them for the ids, without its slower
+    saferepr on every hop (the message's headers, shown by Flower)."""
+    task_id = f"{job_id}:{action_id}"
+    spec = _handoff.specs.pop(task_id, None)
+    args: list[Any] = [job_id, action_id] if spec is None else [job_id, action_id, spec, False]
+    options: dict[str, Any] = {"queue": queue, "task_id": task_id,
+                               "argsrepr": repr((job_id, action_id)), "kwargsrepr": "{}"}
+    if priority is not None:
+        options["priority"] = priority
+    return cls(task, args=args, immutable=True, app=app, options=options)
+
+
+@Signature.register_type(name=STEP_RUN)
+class StepRun(Signature):
+    """The first step of a run of chain steps (`compact`), expanded when a worker takes the
+    run from its chain (Celery finds it by `subtask_type`; every worker registers it when it
+    imports this module). Sending it puts the rest of the run back on the chain."""
+
+    rest: dict[str, Any] | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], app: Any = None) -> Signature:
+        first, *later = d["ids"]
+        step = _step(d["task"], d["job"], first, d["queue"], d.get("priority"), app, cls)
+        step.rest = {**d, "ids": later} if later else None
         return step
-    return {"subtask_type": COMPACT_STEP, "task": step.task, "args": list(step.args),
-            "queue": step.options["queue"]}
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, route_name: Any = None,
+                    **options: Any) -> Any:
+        if self.rest is not None:  # the rest of the run comes next: the end of the chain
+            options["chain"] = [*(options.get("chain") or ()), self.rest]
+        return super().apply_async(args, kwargs, route_name, **options)
 
 
 @Signature.register_type(name=COMPACT_STEP)
 class CompactStep(Signature):
-    """Expands a compact chain step (`compact`) when a worker takes it from its chain; Celery
-    finds it by `subtask_type`. Every worker registers it when it imports this module."""
+    """One compact chain step, as messages sent by an earlier version carry it."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], app: Any = None) -> Signature:
-        args = list(d["args"])
-        # argsrepr and kwargsrepr as Celery would write them for these plain strings, without
-        # its slower saferepr on every hop (the message's headers, shown by Flower)
-        return Signature(d["task"], args=args, immutable=True, app=app,
-                         options={"queue": d["queue"], "task_id": ":".join(args),
-                                  "argsrepr": repr(tuple(args)), "kwargsrepr": "{}"})
+        job_id, action_id = d["args"]
+        return _step(d["task"], job_id, action_id, d["queue"], None, app)

@@ -8,12 +8,15 @@ messages the engine sent (`broker.sent`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from celery.canvas import Signature
 
 from cortex_worker.actions import dispatch
 from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.jobs.options import JobOptions
+from cortex_worker.plan.canvas import STEP_RUN
 from cortex_worker.protocol.document import load_document
 from cortex_worker.protocol.events import ACTION_TERMINAL
 from cortex_worker.store.state import Store
@@ -211,6 +214,28 @@ def test_a_canvas_plan_completes_through_the_stub(store: Store, broker: StubBrok
     assert one(log, "action_completed", "d")["result"] == [2, 3]
     assert one(log, "action_completed", "e")["result"] == 20
     assert store.get_job(job_id).result == "20"  # type: ignore[union-attr]
+
+
+def test_a_canvas_chain_travels_as_its_first_step_and_the_ids_of_the_rest(
+        store: Store, broker: StubBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The canvas a job sends, as Celery would publish it: its first step's message carries
+    the later steps as runs of ids, in its job's lane and at its priority."""
+    doc = "".join(action(f"s{i}", "echo", {"message": i},
+                         depends_on=[f"s{i - 1}"] if i else None) for i in range(4))
+    job_id = jobs.submit_document(store, doc, options=JobOptions(canvas=True, priority=3))
+    broker.step()  # the start sends the canvas
+    canvas = next(m for m in broker.sent if m.name == CANVAS).signature
+    published: list[tuple[Any, dict[str, Any]]] = []
+    monkeypatch.setattr(Signature, "_apply_async", property(
+        lambda self: lambda *args, **options: published.append((self, options))))
+    canvas.apply_async()
+    [(first, options)] = published
+    route = dispatch.route_of(job_id, {"id": "s0", "type": "tool", "name": "echo"})
+    assert route["priority"] == 3
+    assert first.args == (job_id, "s0") and first.options["queue"] == route["queue"]
+    assert options["chain"] == [{"subtask_type": STEP_RUN, "task": dispatch.ACTION_TASK,
+                                 "job": job_id, "ids": ["s1", "s2", "s3"],
+                                 "queue": route["queue"], "priority": 3}]
 
 
 def test_a_failure_in_a_canvas_skips_the_rest_of_its_chain(store: Store,

@@ -14,7 +14,7 @@ from celery.canvas import _chain as chain
 from celery.canvas import _chord as chord
 
 from cortex_worker.actions import dispatch, executor
-from cortex_worker.plan.canvas import CompactChain, compact, decompose, to_canvas
+from cortex_worker.plan.canvas import STEP_RUN, CompactChain, compact, decompose, hand_on, to_canvas
 from cortex_worker.plan.dag import build_plan
 from cortex_worker.protocol.actions import Action
 
@@ -119,51 +119,96 @@ def test_canvas_steps_are_action_tasks_with_only_the_ids(monkeypatch: pytest.Mon
         for i, q in zip("abc", ["tool", "agent", "tool"], strict=True)]
 
 
-def step_signature(app: Celery, action_id: str, queue: str = "tool") -> Any:
+def step_signature(app: Celery, action_id: str, queue: str = "tool",
+                   priority: int | None = None) -> Any:
+    """A step as `dispatch.send_canvas` makes it (its route always names a priority)."""
     return app.signature("cortex.action", args=["j1", action_id], immutable=True, queue=queue,
-                         task_id=f"j1:{action_id}", reply_to="")
+                         priority=priority, task_id=f"j1:{action_id}", reply_to="")
 
 
-def sent_chain(monkeypatch: pytest.MonkeyPatch, canvas_: Any) -> tuple[Any, list[Any]]:
-    """What sending `canvas_` sends: the first step and its message's `chain` field."""
-    sent: list[tuple[Any, dict[str, Any]]] = []
-    monkeypatch.setattr(Signature, "apply_async", lambda self, **options: sent.append((self, options)))
-    assert isinstance(canvas_, CompactChain)
-    canvas_.apply_async()
-    assert len(sent) == 1
-    return sent[0][0], sent[0][1].get("chain", [])
+def sent(monkeypatch: pytest.MonkeyPatch, send: Any) -> tuple[Any, list[Any]]:
+    """What `send()` publishes: the step sent and its message's `chain` field, as a worker
+    reads it back (JSON)."""
+    out: list[tuple[Any, dict[str, Any]]] = []
+    monkeypatch.setattr(Signature, "_apply_async",
+                        property(lambda self: lambda *a, **options: out.append((self, options))))
+    send()
+    assert len(out) == 1
+    return out[0][0], json.loads(json.dumps(out[0][1].get("chain") or []))
 
 
-def test_a_chain_message_carries_its_plain_steps_compact(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_chain_message_carries_each_run_of_steps_as_their_ids(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     app = Celery("t", set_as_current=False)
-    step = decompose(plan("abc", {"b": "a", "c": "b"}))
-    first, rest = sent_chain(monkeypatch, to_canvas(step, lambda i: step_signature(app, i, "q" + i)))
+    step = decompose(plan("abcde", {"b": "a", "c": "b", "d": "c", "e": "d"}))
+    queues = {"a": "tool", "b": "tool", "c": "tool", "d": "llm", "e": "tool"}
+    canvas_ = to_canvas(step, lambda i: step_signature(app, i, queues[i], priority=3))
+    assert isinstance(canvas_, CompactChain)
+    first, rest = sent(monkeypatch, canvas_.apply_async)
     assert first.args == ("j1", "a")
-    assert rest == [  # last to first: a worker pops the next step off the end
-        {"subtask_type": "cortex.step", "task": "cortex.action", "args": ["j1", "c"], "queue": "qc"},
-        {"subtask_type": "cortex.step", "task": "cortex.action", "args": ["j1", "b"], "queue": "qb"}]
-    # as a worker reads it back from the message: the same step (Celery's default reply_to)
-    again = signature(json.loads(json.dumps(rest[-1])), app=app)
-    assert type(again) is Signature
-    assert (again.task, again.args, again.kwargs, again.immutable, again.options) == (
-        "cortex.action", ("j1", "b"), {}, True,
-        {"queue": "qb", "task_id": "j1:b", "argsrepr": "('j1', 'b')", "kwargsrepr": "{}"})
+    run = {"subtask_type": STEP_RUN, "task": "cortex.action", "job": "j1", "priority": 3}
+    assert rest == [  # last to first: a worker pops the next entry off the end
+        {**run, "ids": ["e"], "queue": "tool"}, {**run, "ids": ["d"], "queue": "llm"},
+        {**run, "ids": ["b", "c"], "queue": "tool"}]
 
 
-def test_steps_compact_would_change_travel_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_takes_a_run_step_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Celery's tracer pops the chain's last entry, makes it a signature and sends it with the
+    entries before it: a run sends its first step, and the rest of the run after it."""
+    app = Celery("t", set_as_current=False)
+    chain_ = [{"subtask_type": "chord"},  # any entry Celery wrote, left as it is
+              {"subtask_type": STEP_RUN, "task": "cortex.action", "job": "j1", "ids": ["b", "c"],
+               "queue": "tool"}]
+    b = signature(chain_[-1], app=app)
+    assert (b.task, b.args, b.immutable, b.options) == (
+        "cortex.action", ("j1", "b"), True,
+        {"queue": "tool", "task_id": "j1:b", "argsrepr": "('j1', 'b')", "kwargsrepr": "{}"})
+    _, rest = sent(monkeypatch, lambda: b.apply_async(("ok",), chain=chain_[:-1]))
+    assert rest == [chain_[0], {**chain_[1], "ids": ["c"]}]
+    c = signature(rest[-1], app=app)
+    assert c.args == ("j1", "c")
+    _, rest = sent(monkeypatch, lambda: c.apply_async(("ok",), chain=rest[:-1]))
+    assert rest == [chain_[0]]  # the run is spent
+
+
+def test_the_next_step_carries_the_spec_its_predecessor_made_ready() -> None:
+    """A step's finish returns the specs it made ready (`hand_on`): the chain's next step,
+    sent by the same thread right after, carries its spec instead of reading it."""
+    app = Celery("t", set_as_current=False)
+    spec = {"id": "b", "type": "tool", "name": "echo", "parameters": {}}
+    hand_on("j1", [spec, {"id": "x", "type": "tool", "name": "echo"}])
+    entry = {"subtask_type": STEP_RUN, "task": "cortex.action", "job": "j1", "ids": ["b"],
+             "queue": "tool"}
+    b = signature(entry, app=app)
+    assert b.args == ("j1", "b", spec, False)  # the spec, and no readiness trigger
+    assert b.options["task_id"] == "j1:b" and b.options["argsrepr"] == "('j1', 'b')"
+    assert signature(entry, app=app).args == ("j1", "b")  # taken once
+    hand_on("j1", [])
+    assert signature({**entry, "ids": ["x"]}, app=app).args == ("j1", "x")  # only the latest
+
+
+def test_steps_a_run_cannot_hold_travel_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
     app = Celery("t", set_as_current=False, backend="cache+memory://")  # chords need one
     step = decompose(plan("abcde", {"b": "a", "c": "b", "d": "b", "e": "cd"}))
     odd = app.signature("cortex.action", args=["j1", "c"], kwargs={"x": 1}, immutable=True,
                         queue="tool", task_id="j1:c")
-    first, rest = sent_chain(monkeypatch, to_canvas(
-        step, lambda i: odd if i == "c" else step_signature(app, i)))
+    canvas_ = to_canvas(step, lambda i: odd if i == "c" else step_signature(app, i))
+    first, rest = sent(monkeypatch, canvas_.apply_async)
     assert first.args == ("j1", "a")
     chord_, b = rest
-    assert b["subtask_type"] == "cortex.step" and b["args"] == ["j1", "b"]
+    assert b["subtask_type"] == STEP_RUN and b["ids"] == ["b"]
     assert chord_["subtask_type"] == "chord"  # c and d, then e: as Celery writes it
-    assert compact(odd) is odd  # keyword arguments: kept whole
     other_id = step_signature(app, "c").set(task_id="elsewhere")
-    assert compact(other_id) is other_id
+    assert compact([odd, other_id]) == [odd, other_id]
+
+
+def test_a_compact_step_of_an_earlier_version_still_runs() -> None:
+    app = Celery("t", set_as_current=False)
+    old = {"subtask_type": "cortex.step", "task": "cortex.action", "args": ["j1", "b"],
+           "queue": "tool"}
+    b = signature(old, app=app)
+    assert (b.task, b.args, b.options["queue"], b.options["task_id"]) == (
+        "cortex.action", ("j1", "b"), "tool", "j1:b")
 
 
 def test_a_compact_chain_runs_as_celery_runs_a_chain_otherwise() -> None:
