@@ -308,7 +308,7 @@ def run_warm(
     module = argv[-1].partition(":")[0]
     key: Key = ((*argv[:-2], module), tuple(sorted((env or {}).items())))
     whole = {**(env or {}), **(call_env or {})}
-    request = zygote.encode(zygote.Request(argv[-1], cwd, sandbox_env(cwd, whole),
+    request = zygote.encode(zygote.Request(argv, cwd, sandbox_env(cwd, whole),
                                            rlimits(limits), isolation))
     for _ in range(2):  # a zygote found dead is replaced once
         server = _zygote_for(key, timeout)

@@ -161,6 +161,51 @@ def test_the_environment_is_the_calls_own(root: Path, monkeypatch: pytest.Monkey
     assert env == sandbox_env(root / "job-a", {**ENV, "EXTRA": "yes"})
 
 
+@pytest.mark.parametrize("isolated", [False, pytest.param(True, marks=needs_namespaces)])
+def test_ps_shows_a_warm_call_as_a_cold_one(root: Path, isolated: bool) -> None:
+    """Seen from outside, as `ps` and `ps e` see it, a warm call's /proc/PID/cmdline is the
+    cold runner's command and its /proc/PID/environ its own environment (not its zygote's):
+    an operator, or a test, finds an attempt's process by its CORTEX_* variables either way."""
+    job = root / "job-a"
+    mark = f"job-ps-{os.getpid()}-{time.monotonic_ns()}"
+    argv = [sys.executable, "-P", "-s", "-m", RUNNER, "warm_tools:whoami_held"]
+    results: list[SandboxResult] = []
+
+    def held() -> None:
+        results.append(run_warm(
+            argv, stdin=json.dumps({"marker": "ps.here", "release": "ps.release"}).encode(),
+            cwd=job, timeout=90, env=ENV, call_env={"CORTEX_JOB_ID": mark},
+            isolation=iso(root) if isolated else None))
+
+    def marked() -> list[str]:
+        return [p for p in os.listdir("/proc") if p.isdigit()
+                and f"CORTEX_JOB_ID={mark}".encode() in _read(f"/proc/{p}/environ")]
+
+    thread = threading.Thread(target=held)
+    thread.start()
+    try:
+        harness.wait_until(lambda: (job / "ps.here").exists(), timeout=90, interval=0.01,
+                           message="the call never ran")
+        (pid,) = marked()  # the tool process only (not its relay or init, not the zygote)
+        cmdline, environ = _read(f"/proc/{pid}/cmdline"), _read(f"/proc/{pid}/environ")
+    finally:
+        (job / "ps.release").write_text("")
+        thread.join(90)
+    seen = result(results[0])
+    assert seen["imported_in"] != seen["pid"]  # warm: forked from the zygote
+    assert cmdline.split(b"\0")[:-1] == [os.fsencode(a) for a in argv]
+    assert sorted(environ.split(b"\0")[:-1]) == sorted(
+        f"{k}={v}".encode() for k, v in sandbox_env(job, {**ENV, "CORTEX_JOB_ID": mark}).items())
+    assert seen["env"] == sandbox_env(job, {**ENV, "CORTEX_JOB_ID": mark})
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError:  # gone meanwhile
+        return b""
+
+
 @needs_namespaces
 def test_rlimits_apply_and_a_breach_retires_the_zygote(root: Path) -> None:
     limits = Limits(cpu_seconds=1, memory_mb=300, processes=12, file_mb=3)
