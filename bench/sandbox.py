@@ -14,12 +14,17 @@ Each variant runs N times (default 30) after one warm-up (which starts the zygot
 and p90 wall times are printed. Tool calls come back to back, or MS apart (`--gap-ms`, as an
 agent's calls are apart by a model turn): a warm runner sets the next call's sandbox up as
 soon as it hands one out, and a call that comes sooner waits for that set-up to finish. The function's own work is microseconds, so a call's wall time
-is what the sandbox adds to it. This is a measurement, not a test.
+is what the sandbox adds to it. Last, the `python` built-in (the snippet tool) against the
+`echo` built-in, both called as a worker calls them, in namespaces: the snippet's median
+overhead over `echo`, warm (its runner forked from a zygote) and cold (a new interpreter per
+call, its fallback), and the ratio of the two (goal: warm at most 10 ms over `echo`). This is
+a measurement, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -37,6 +42,9 @@ from cortex_worker.sandbox.function_main import parse_last_line
 from cortex_worker.sandbox.isolation import Isolation, interpreter_paths
 from cortex_worker.sandbox.process import SandboxResult, run_sandboxed
 from cortex_worker.sandbox.warm import RUNNER, run_warm
+from cortex_worker.settings import Settings
+from cortex_worker.tools import builtin, sandboxed
+from cortex_worker.tools.context import ToolContext
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOL_MODULE = """from cortex_worker.tools.function import tool
@@ -92,6 +100,43 @@ def tool_calls(root: Path, workspace: Path, user: tuple[int, int] | None, runs: 
             print(f"  {entrypoint:<16} {label:<24} cold: {row[0]}   warm: {row[1]}")
 
 
+def snippet_tool(root: Path, runs: int, gap_s: float) -> None:
+    """The `python` built-in's median overhead over `echo`, warm and cold, and their ratio."""
+    workspaces = root / "workspaces"
+    workspaces.mkdir(mode=0o755)
+    ctx = ToolContext.for_job(Settings(workspace_root=workspaces, http_allow_hosts=[],
+                                       sandbox_isolation="required"), "bench-job", "act-1",
+                              timeout=30)
+    code = {"code": "x = 6 * 7\nx"}
+    stdin = json.dumps(code).encode()
+
+    def cold() -> None:  # what builtin.python does, on the cold runner
+        sandboxed.run(builtin.SNIPPET, ctx, limits=builtin.PYTHON_LIMITS, stdin=stdin,
+                      env=builtin.PYTHON_ENV)
+
+    medians = {}
+    for label, call in (("echo", lambda: builtin.echo(code, ctx)),
+                        ("python, warm", lambda: builtin.python(code, ctx)),
+                        ("python, cold", cold)):
+        times = []
+        for i in range(runs + 1):  # the first starts the zygote
+            time.sleep(gap_s)
+            started = time.perf_counter()
+            call()
+            if i:
+                times.append((time.perf_counter() - started) * 1000)
+        medians[label] = statistics.median(times)
+    warm_over = medians["python, warm"] - medians["echo"]
+    cold_over = medians["python, cold"] - medians["echo"]
+    print(f"\nthe python built-in against echo, in namespaces, {gap_s * 1000:g} ms apart "
+          f"(median of {runs})")
+    print(f"  echo {medians['echo']:.3f} ms; python warm {medians['python, warm']:.1f} ms, "
+          f"cold {medians['python, cold']:.1f} ms")
+    print(f"  over echo: warm +{warm_over:.1f} ms (goal <= 10 ms: "
+          f"{'met' if warm_over <= 10 else 'missed'}), cold +{cold_over:.1f} ms; "
+          f"cold/warm {cold_over / warm_over:.1f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
@@ -128,6 +173,7 @@ def main() -> None:
                 extra = "" if iso is None else f"   +{median - base:.1f} ms"
                 print(f"  {name:<26} median {median:7.1f} ms   p90 {p90:7.1f} ms{extra}")
         tool_calls(root, workspace, user, args.runs, args.gap_ms / 1000)
+        snippet_tool(root, args.runs, args.gap_ms / 1000)
     finally:
         for path in sorted(root.rglob("*"), reverse=True):
             path.unlink() if path.is_file() else path.rmdir()

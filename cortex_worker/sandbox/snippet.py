@@ -1,14 +1,20 @@
-"""Runs the Python snippet read on stdin (the `python` built-in): `python -I snippet.py`.
+"""Runs a Python snippet (the `python` built-in): `execute(code)`, through the python runner.
 
-Self-contained (stdlib only, run by path in isolated mode). Executes the snippet in a fresh
-`__main__` namespace; if its last statement is an expression, that value is the result
-(kept as is if JSON-able, else its repr). Writes one JSON line, the last on stdout:
+The tool calls `python -I -m cortex_worker.sandbox.function_main
+cortex_worker.sandbox.snippet:execute` with `{"code": ...}` on stdin, from a warm runner
+(cortex_worker/sandbox/warm.py: a zygote that imported this module forks one process per
+call, so a call pays for a fork, not for an interpreter's start-up; the cold runner where no
+zygote can serve). The runner's result is the snippet's own result line:
 
     {"ok": true, "result": ..., "stdout": "<what the snippet printed>"}
     {"ok": false, "error": "<the traceback's last line>", "type": "...", "stdout": "..."}
 
-The full traceback goes to stderr. The working directory (the job workspace) is appended
-to `sys.path`, so modules written there can be imported.
+A failing snippet is a result here, not an exception, so that its error reads as the
+traceback's last line (`describe`), not as a failure of the runner. The snippet runs in a
+fresh `__main__` namespace; if its last statement is an expression, that value is the result
+(kept as is if JSON-able, else its repr). The full traceback goes to stderr. The working
+directory (the job workspace) is appended to `sys.path`, so modules written there can be
+imported. Stdlib only: the zygote's process, which every call is a copy of, stays small.
 """
 
 from __future__ import annotations
@@ -76,9 +82,9 @@ def describe(exc: BaseException) -> str:
     return traceback.format_exception_only(type(exc), exc)[-1].strip()
 
 
-def main() -> int:
+def execute(code: str) -> dict[str, Any]:
+    """Run the snippet `code`: its result line (see the module docstring)."""
     sys.path.append(os.getcwd())
-    code = sys.stdin.read()
     real_stdout = sys.stdout
     captured = _Capped()
     sys.stdout = captured
@@ -92,10 +98,4 @@ def main() -> int:
         sys.stdout = real_stdout
         line = {"ok": True, "result": jsonable(value)}
     line["stdout"] = captured.text
-    real_stdout.write("\n" + json.dumps(line, default=repr) + "\n")
-    real_stdout.flush()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return line

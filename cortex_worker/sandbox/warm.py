@@ -11,7 +11,8 @@ spare itself, so a warm call's start does not wait for the zygote (zygote.py, it
 The child goes through the same set-up as a cold one (`isolation.plan`: namespaces, mounts,
 sandbox user; then the rlimits, a clean environment, only its own pipes open) and is watched
 by the same `process.supervise` (timeout, kill of its whole group, `kill_all` on shutdown,
-output caps), so the sandbox's guarantees do not depend on which way a call started.
+output caps), so the sandbox's guarantees do not depend on which way a call started. The
+`python` built-in is such a tool too: its snippets run as `cortex_worker.sandbox.snippet:execute`.
 
 A zygote is retired (it exits once its running calls ended, and the next call starts a fresh
 one) after RECYCLE_AFTER calls, after any call that was killed (timeout, a limit, a signal,

@@ -421,16 +421,20 @@ def _run(entrypoint: str) -> NoReturn:
     """`python -m cortex_worker.sandbox.function_main entrypoint`, in this process."""
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the relay reset it
     sys.argv = [runner.__file__, entrypoint]
-    status = 1
+    status, interrupted = 1, False
     try:
         status = runner.main([entrypoint])
-    except BaseException:  # as an interpreter does with an uncaught one
+    except BaseException as exc:  # as an interpreter does with an uncaught one
         traceback.print_exc()
+        interrupted = isinstance(exc, KeyboardInterrupt)
     finally:
         atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
+        if interrupted:  # an interpreter ends by SIGINT then: the call says "killed by SIGINT"
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         os._exit(status)
 
 

@@ -9,17 +9,23 @@ when it first runs one (`cortex_worker.tools.runtime`), so loading manifests nev
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from cortex_worker.sandbox.function_main import parse_last_line
+from cortex_worker.sandbox.warm import RUNNER
 from cortex_worker.tools import calculator, files, http, sandboxed
 from cortex_worker.tools.context import ToolContext
 from cortex_worker.tools.errors import ToolTimeout
 from cortex_worker.tools.spec import Limits
 
-SNIPPET = Path(__file__).resolve().parent.parent / "sandbox" / "snippet.py"
+SNIPPET = [sys.executable, "-I", "-m", RUNNER, "cortex_worker.sandbox.snippet:execute"]
+"""The snippet's command: the python runner, as a `@tool` function's, so that it runs warm.
+`-I` as ever: no PYTHON* variables, user site or workspace on the path at start-up."""
+PYTHON_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
+"""For what the snippet starts: `-I` has its own interpreter ignore them."""
 PYTHON_LIMITS = Limits()
 
 
@@ -48,14 +54,18 @@ def calculate(params: dict[str, Any], ctx: ToolContext) -> int | float:
 
 
 def python(params: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    """Run a snippet in a sandboxed `python -I`, in the workspace."""
-    line = sandboxed.run_json(
-        [sys.executable, "-I", str(SNIPPET)],
+    """Run a snippet in a sandboxed `python -I`, in the workspace, forked from a warm runner
+    (cortex_worker/sandbox/snippet.py): the runner's result is the snippet's result line."""
+    result = sandboxed.run(
+        SNIPPET,
         ctx,
         limits=PYTHON_LIMITS,
-        stdin=params["code"].encode("utf-8"),
-        env={"PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"},
+        stdin=json.dumps({"code": params["code"]}).encode("utf-8"),
+        env=PYTHON_ENV,
+        warm=True,
     )
+    runner = sandboxed.answer(result, parse_last_line(result.stdout))
+    line = sandboxed.answer(result, runner.get("result"))
     return {"stdout": line.get("stdout", ""), "result": line.get("result")}
 
 

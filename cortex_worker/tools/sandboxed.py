@@ -127,13 +127,19 @@ def run_json(
     reads: Sequence[Path] = (),
     warm: bool = False,
 ) -> dict[str, Any]:
-    """Run a runner/snippet program and return its successful result line.
+    """Run a runner program and return its successful result line.
 
     A failure line becomes ToolError("<type>: <error>") with the stderr tail as detail.
     """
     result = run(argv, ctx, limits=limits, stdin=stdin, env=env, network=network, reads=reads,
                  warm=warm)
-    line = parse_last_line(result.stdout)
+    return answer(result, parse_last_line(result.stdout))
+
+
+def answer(result: SandboxResult, line: dict[str, Any] | None) -> dict[str, Any]:
+    """`line`, the result line `result` carried, if it says ok; else its ToolError. Apart from
+    `run_json` so that a line inside a runner's result (the `python` built-in's snippet) fails
+    with the same messages as a runner's own line."""
     if line is None:
         if result.stdout_truncated:
             raise ToolError(f"the tool wrote more than {len(result.stdout)} bytes to stdout")

@@ -64,7 +64,9 @@ def snippet(first: float, later: float) -> str:
 def attempt_processes(job_id: str, attempt: int) -> list[int]:
     """The live processes of this machine that run `attempt` of a tool call of `job_id`: a
     sandboxed tool is given CORTEX_JOB_ID and CORTEX_ATTEMPT in its environment (see
-    cortex_worker/tools/attempt.py), which /proc shows (a zombie's environment reads empty)."""
+    cortex_worker/tools/attempt.py), which /proc shows (a zombie's environment reads empty),
+    as `ps e` does: for a call forked from a warm runner too, as the python built-in's are
+    (cortex_worker/sandbox/zygote.py shows the call's environment there, not the zygote's)."""
     want = {f"CORTEX_JOB_ID={job_id}".encode(), f"CORTEX_ATTEMPT={attempt}".encode()}
     found: list[int] = []
     for entry in Path("/proc").iterdir():
