@@ -1,10 +1,11 @@
-"""FastAPI dependencies: the process-wide objects the lifespan puts on `app.state`."""
+"""FastAPI dependencies: the process-wide objects the lifespan puts on `app.state`, and the
+request headers more than one route reads."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 
 from cortex_api.readiness import ReadinessProbe
 from cortex_api.sse import EventHub
@@ -32,3 +33,11 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
 HubDep = Annotated[EventHub, Depends(get_hub)]
 ReadinessDep = Annotated[ReadinessProbe, Depends(get_readiness)]
+
+IdempotencyKey = Annotated[str | None, Header(
+    alias="Idempotency-Key", min_length=1, max_length=255,
+    description="Send the request again with the same key (after a timeout, a lost answer) "
+                "and get the job the first one made: nothing is made twice while that job is "
+                "kept. The same key with another request is a 422")]
+REPLAYED = "Idempotent-Replayed"
+"""The answer's header when an `Idempotency-Key` found the job its first request made."""

@@ -7,6 +7,7 @@ callers catch it by that name.
 
     CortexError                          message: shown to whoever asked
     ├── SubmitError (ValueError)         a job that cannot run; errors           (here)
+    ├── AlreadySubmitted                 job_id: the job a repeated request made (here)
     ├── ActionFailed                     an action failed cleanly; the agent sees why (here)
     │   ├── ToolError                    detail (logs)               tools.errors
     │   │   ├── ToolTimeout                                          tools.errors
@@ -50,6 +51,15 @@ class SubmitError(CortexError, ValueError):
     def __init__(self, message: str, errors: list[dict[str, Any]]) -> None:
         super().__init__(message)
         self.errors = errors
+
+
+class AlreadySubmitted(CortexError):
+    """A request sent again with its idempotency key (`jobs.lifecycle.Once`): `job_id` is
+    the job the first copy made, and nothing new was made."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"this request was submitted already: job {job_id}")
+        self.job_id = job_id
 
 
 class QuotaExceededError(CortexError):

@@ -43,17 +43,19 @@ class AsyncClient:
         self._http = httpx.AsyncClient(**options)
 
     # -- jobs -----------------------------------------------------------------------------
-    async def submit_document(self, protocol: str, *,
-                              options: JobOptions | None = None) -> JobCreated:
-        return await self._send(calls.submit_document(protocol, options))
+    async def submit_document(self, protocol: str, *, options: JobOptions | None = None,
+                              idempotency_key: str | None = None) -> JobCreated:
+        return await self._send(calls.submit_document(protocol, options, idempotency_key))
 
-    async def submit_agent(self, agent: str, input: str, *,
-                           options: JobOptions | None = None) -> JobCreated:
-        return await self._send(calls.submit_agent(agent, input, options))
+    async def submit_agent(self, agent: str, input: str, *, options: JobOptions | None = None,
+                           idempotency_key: str | None = None) -> JobCreated:
+        return await self._send(calls.submit_agent(agent, input, options, idempotency_key))
 
     async def submit_workflow(self, workflow: str, inputs: Mapping[str, Any] | None = None, *,
-                              options: JobOptions | None = None) -> JobCreated:
-        return await self._send(calls.submit_workflow(workflow, inputs, options))
+                              options: JobOptions | None = None,
+                              idempotency_key: str | None = None) -> JobCreated:
+        return await self._send(calls.submit_workflow(workflow, inputs, options,
+                                                      idempotency_key))
 
     async def get_job(self, job_id: str) -> JobView:
         return await self._send(calls.get_job(job_id))
@@ -115,7 +117,7 @@ class AsyncClient:
     async def _send(self, call: calls.Call[T]) -> T:
         try:
             response = await self._http.request(call.method, call.path, json=call.json,
-                                                params=call.params)
+                                                params=call.params, headers=call.headers)
         except httpx.TransportError as exc:
             raise calls.unreachable(self.base_url, exc) from exc
         return call.result(response)

@@ -44,6 +44,7 @@ class Call(Generic[T]):
     parse: Callable[[Any], T]
     json: Any = None
     params: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
 
     def result(self, response: httpx.Response) -> T:
         """The parsed answer, or the typed error the API answered with."""
@@ -73,23 +74,29 @@ def job_path(job_id: str) -> str:
     return f"/v1/jobs/{quote(job_id, safe='')}"
 
 
-def submit(body: JobCreate) -> Call[JobCreated]:
+def submit(body: JobCreate, idempotency_key: str | None = None) -> Call[JobCreated]:
+    """`POST /v1/jobs`; with `idempotency_key`, sending it again makes no second job."""
     return Call("POST", "/v1/jobs", JobCreated.model_validate,
-                json=body.model_dump(mode="json", exclude_none=True))
+                json=body.model_dump(mode="json", exclude_none=True),
+                headers={"Idempotency-Key": idempotency_key} if idempotency_key else {})
 
 
-def submit_document(protocol: str, options: JobOptions | None) -> Call[JobCreated]:
-    return submit(JobCreate(protocol=protocol, options=options or JobOptions()))
+def submit_document(protocol: str, options: JobOptions | None,
+                    idempotency_key: str | None = None) -> Call[JobCreated]:
+    return submit(JobCreate(protocol=protocol, options=options or JobOptions()), idempotency_key)
 
 
-def submit_agent(agent: str, input: str, options: JobOptions | None) -> Call[JobCreated]:
-    return submit(JobCreate(agent=agent, input=input, options=options or JobOptions()))
+def submit_agent(agent: str, input: str, options: JobOptions | None,
+                 idempotency_key: str | None = None) -> Call[JobCreated]:
+    return submit(JobCreate(agent=agent, input=input, options=options or JobOptions()),
+                  idempotency_key)
 
 
 def submit_workflow(workflow: str, inputs: Mapping[str, Any] | None,
-                    options: JobOptions | None) -> Call[JobCreated]:
+                    options: JobOptions | None,
+                    idempotency_key: str | None = None) -> Call[JobCreated]:
     return submit(JobCreate(workflow=workflow, inputs=dict(inputs or {}),
-                            options=options or JobOptions()))
+                            options=options or JobOptions()), idempotency_key)
 
 
 def get_job(job_id: str) -> Call[JobView]:

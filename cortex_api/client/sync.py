@@ -43,19 +43,23 @@ class Client:
         self._http = httpx.Client(**options)
 
     # -- jobs -----------------------------------------------------------------------------
-    def submit_document(self, protocol: str, *, options: JobOptions | None = None) -> JobCreated:
-        """Queue a protocol document; `InvalidRequest.errors` lists what stops it running."""
-        return self._send(calls.submit_document(protocol, options))
+    def submit_document(self, protocol: str, *, options: JobOptions | None = None,
+                        idempotency_key: str | None = None) -> JobCreated:
+        """Queue a protocol document; `InvalidRequest.errors` lists what stops it running.
+        With `idempotency_key`, a call repeated with it (after a timeout or a lost answer)
+        gets the job the first made: nothing is made twice."""
+        return self._send(calls.submit_document(protocol, options, idempotency_key))
 
-    def submit_agent(self, agent: str, input: str, *,
-                     options: JobOptions | None = None) -> JobCreated:
-        """Queue a job of `agent` on the task `input`."""
-        return self._send(calls.submit_agent(agent, input, options))
+    def submit_agent(self, agent: str, input: str, *, options: JobOptions | None = None,
+                     idempotency_key: str | None = None) -> JobCreated:
+        """Queue a job of `agent` on the task `input` (`idempotency_key`: as above)."""
+        return self._send(calls.submit_agent(agent, input, options, idempotency_key))
 
     def submit_workflow(self, workflow: str, inputs: Mapping[str, Any] | None = None, *,
-                        options: JobOptions | None = None) -> JobCreated:
-        """Queue a job of `workflow` on `inputs`."""
-        return self._send(calls.submit_workflow(workflow, inputs, options))
+                        options: JobOptions | None = None,
+                        idempotency_key: str | None = None) -> JobCreated:
+        """Queue a job of `workflow` on `inputs` (`idempotency_key`: as above)."""
+        return self._send(calls.submit_workflow(workflow, inputs, options, idempotency_key))
 
     def get_job(self, job_id: str) -> JobView:
         """The job with its actions and their outcomes."""
@@ -127,7 +131,7 @@ class Client:
     def _send(self, call: calls.Call[T]) -> T:
         try:
             response = self._http.request(call.method, call.path, json=call.json,
-                                          params=call.params)
+                                          params=call.params, headers=call.headers)
         except httpx.TransportError as exc:
             raise calls.unreachable(self.base_url, exc) from exc
         return call.result(response)

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 
 from cortex_api.auth import Caller, CallerDep, StreamCallerDep
-from cortex_api.deps import HubDep, SettingsDep, StoreDep
+from cortex_api.deps import REPLAYED, HubDep, IdempotencyKey, SettingsDep, StoreDep
 from cortex_api.errors import api_error, job_not_found, responses, submitting
 from cortex_api.limits import check_document_size
 from cortex_api.models import (
@@ -29,8 +29,10 @@ from cortex_api.sse import (
     event_stream,
     resume_point,
 )
+from cortex_worker.errors import AlreadySubmitted
 from cortex_worker.jobs import usage
 from cortex_worker.jobs.lifecycle import (
+    Once,
     cancel_job,
     decide_approval,
     submit_agent,
@@ -50,23 +52,31 @@ MAX_SCAN = 5000
 
 @router.post("", status_code=202, response_model=JobCreated, responses=responses(413, 422))
 def create_job(body: JobCreate, request: Request, response: Response, store: StoreDep,
-               settings: SettingsDep, caller: CallerDep) -> JobCreated:
+               settings: SettingsDep, caller: CallerDep,
+               idempotency_key: IdempotencyKey = None) -> JobCreated:
     """Queue a job: a protocol document, an agent on an input, or a workflow on its inputs.
-    422 explains a rejection."""
+    422 explains a rejection. With an `Idempotency-Key`, the same request sent again answers
+    with the job the first made (`Idempotent-Replayed: true`) and makes no other; the same
+    key with another request is a 422."""
     # SubmitError and UnknownAgentError become that 422 in cortex_api.errors.cortex_error
-    if body.agent is not None:
-        job_id = submit_agent(store, body.agent, body.input or "", options=body.options,
-                              tenant=caller.tenant)
-    elif body.workflow is not None:
-        submitting(request, "workflow")
-        job_id = submit_workflow(store, body.workflow, body.inputs, options=body.options,
-                                 tenant=caller.tenant)
-    else:
-        assert body.protocol is not None
-        check_document_size(body.protocol, settings)
-        submitting(request, "document")
-        job_id = submit_document(store, body.protocol, options=body.options,
-                                 tenant=caller.tenant)
+    once = Once.of(idempotency_key, body.model_dump(mode="json")) if idempotency_key else None
+    try:
+        if body.agent is not None:
+            job_id = submit_agent(store, body.agent, body.input or "", options=body.options,
+                                  tenant=caller.tenant, once=once)
+        elif body.workflow is not None:
+            submitting(request, "workflow")
+            job_id = submit_workflow(store, body.workflow, body.inputs, options=body.options,
+                                     tenant=caller.tenant, once=once)
+        else:
+            assert body.protocol is not None
+            check_document_size(body.protocol, settings)
+            submitting(request, "document")
+            job_id = submit_document(store, body.protocol, options=body.options,
+                                     tenant=caller.tenant, once=once)
+    except AlreadySubmitted as exc:
+        job_id = exc.job_id
+        response.headers[REPLAYED] = "true"
     links = _links(request, job_id)
     response.headers["Location"] = links.self
     return JobCreated(id=job_id, status=_status(store, job_id) or "queued", links=links)

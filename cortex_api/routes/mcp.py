@@ -142,8 +142,8 @@ class McpEndpoint:
         who: Caller = request.scope["state"][CALLER_STATE]
         state = self._app.state
         try:
-            job_id = await anyio.to_thread.run_sync(_submit, state.store, request, who,
-                                                    params.name, call)
+            job_id = await anyio.to_thread.run_sync(_submit, state.store, who, params.name,
+                                                    call)
         except HTTPException as exc:
             return _tool_error(exc.detail["message"] if isinstance(exc.detail, dict)
                                else str(exc.detail))
@@ -161,7 +161,7 @@ def mount(app: FastAPI) -> McpEndpoint:
 
 
 # -- jobs ---------------------------------------------------------------------------------
-def _submit(store: Store, request: Request, who: Caller, agent: str, call: AgentCall) -> str:
+def _submit(store: Store, who: Caller, agent: str, call: AgentCall) -> str:
     """The job's id: a new job of `agent`, or the session's next message (the sessions
     route's own code, so its checks apply: the tenant's, and one message at a time)."""
     if call.session_id is None:
@@ -172,9 +172,8 @@ def _submit(store: Store, request: Request, who: Caller, agent: str, call: Agent
     if data["agent"] != agent:
         raise CortexError(f"session_id: session {call.session_id!r} is a conversation with "
                           f"agent {data['agent']!r}, not {agent!r}")
-    created = sessions.post_message(call.session_id, MessageCreate(content=call.input), request,
-                                    store, who)
-    return created.id
+    return sessions.send_message(call.session_id, MessageCreate(content=call.input), store,
+                                 who).id
 
 
 async def _events(hub: EventHub, job_id: str) -> AsyncIterator[dict[str, Any]]:

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Response
 
-from cortex_api.auth import CallerDep
-from cortex_api.deps import SettingsDep, StoreDep
+from cortex_api.auth import Caller, CallerDep
+from cortex_api.deps import REPLAYED, IdempotencyKey, SettingsDep, StoreDep
 from cortex_api.errors import api_error, responses
 from cortex_api.models import JobCreated, JobLinks, MessageCreate, SessionCreate, SessionView
+from cortex_worker.errors import AlreadySubmitted
 from cortex_worker.handles import get_registry
-from cortex_worker.jobs.lifecycle import submit_agent
+from cortex_worker.jobs.lifecycle import Once, submit_agent
 from cortex_worker.jobs.options import JobOptions
-from cortex_worker.store.state import SessionTurn
+from cortex_worker.store.state import SessionTurn, Store
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
@@ -46,10 +47,26 @@ def get_session(session_id: str, store: StoreDep, caller: CallerDep) -> SessionV
 
 
 @router.post("/{session_id}/messages", status_code=202, response_model=JobCreated,
-             responses=responses(404, 409))
-def post_message(session_id: str, body: MessageCreate, request: Request, store: StoreDep,
-                 caller: CallerDep) -> JobCreated:
-    """Send the next message: a job runs the agent with the conversation so far."""
+             responses=responses(404, 409, 422))
+def post_message(session_id: str, body: MessageCreate, response: Response, store: StoreDep,
+                 caller: CallerDep, idempotency_key: IdempotencyKey = None) -> JobCreated:
+    """Send the next message: a job runs the agent with the conversation so far.
+    With an `Idempotency-Key`, the same message sent again answers with the job the first
+    made (`Idempotent-Replayed: true`), not 409."""
+    once = Once.of(idempotency_key, {"session": session_id, **body.model_dump(mode="json")}) \
+        if idempotency_key else None
+    try:
+        return send_message(session_id, body, store, caller, once)
+    except AlreadySubmitted as exc:
+        response.headers[REPLAYED] = "true"
+        return JobCreated(id=exc.job_id, status=store.peek(exc.job_id, "status").status,
+                          links=JobLinks.for_job(exc.job_id))
+
+
+def send_message(session_id: str, body: MessageCreate, store: Store, caller: Caller,
+                 once: Once | None = None) -> JobCreated:
+    """The session's next message, from any entry point (the route, MCP, A2A): their checks
+    are these. AlreadySubmitted if `once`'s request made its job already."""
     data = store.get_session(session_id)
     if data is None or not caller.owns(data.get("tenant")):
         raise api_error(404, f"no session {session_id!r}")
@@ -58,5 +75,5 @@ def post_message(session_id: str, body: MessageCreate, request: Request, store: 
     # SessionBusy (409) if the last job is running, or another message came after this read
     after = SessionTurn(session_id, data["jobs"][-1] if data["jobs"] else None)
     job_id = submit_agent(store, data["agent"], body.content, options=options, history=history,
-                          session=after, tenant=data.get("tenant") or caller.tenant)
+                          session=after, tenant=data.get("tenant") or caller.tenant, once=once)
     return JobCreated(id=job_id, status="queued", links=JobLinks.for_job(job_id))

@@ -10,6 +10,7 @@ installs in the executor (which sits below the jobs and never imports them).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -22,7 +23,7 @@ from cortex_worker.actions.call import ChildJob
 from cortex_worker.actions.table import ACTION_TYPES, Target
 from cortex_worker.agents.prompt import function_name
 from cortex_worker.agents.spec import AgentSpec
-from cortex_worker.errors import SubmitError
+from cortex_worker.errors import AlreadySubmitted, SubmitError
 from cortex_worker.handles import get_registry
 from cortex_worker.jobs import approvals, tenants, usage
 from cortex_worker.jobs.kinds import KINDS, Start
@@ -84,8 +85,9 @@ def model_of_document(settings: Settings, options: JobOptions) -> dict[str, Any]
 
 
 def submit_document(store: Store, text: str, *, options: JobOptions | None = None,
-                    tenant: str | None = None) -> str:
-    """Validate `text`, create its job and queue its start; returns the job id."""
+                    tenant: str | None = None, once: Once | None = None) -> str:
+    """Validate `text`, create its job and queue its start; returns the job id (`once`:
+    AlreadySubmitted if this request made its job already)."""
     settings = get_settings()
     options = options or JobOptions()
     size = len(text.encode())
@@ -100,12 +102,12 @@ def submit_document(store: Store, text: str, *, options: JobOptions | None = Non
         "document": text,
         "responses": [{"final": r["final"], "text": r["text"]} for r in doc.responses],
         **model_of_document(settings, options),
-    }, {"actions": len(doc.actions)}, options=options, tenant=tenant))
+    }, {"actions": len(doc.actions)}, options=options, tenant=tenant, once=once))
 
 
 def submit_workflow(store: Store, name: str, inputs: Any, *, options: JobOptions | None = None,
                     parent: tuple[str, str] | None = None, depth: int = 0,
-                    tenant: str | None = None) -> str:
+                    tenant: str | None = None, once: Once | None = None) -> str:
     """Validate `inputs`, create the workflow's job and queue its start; returns the job id.
     The job's actions are the workflow's steps; its `inputs` variable is the inputs object
     (the schema's top-level defaults filled in)."""
@@ -134,13 +136,13 @@ def submit_workflow(store: Store, name: str, inputs: Any, *, options: JobOptions
     return _create(store, NewJob("workflow", fields, {"workflow": flow.name,
                                                       "steps": len(actions)},
                                  options=options, parent=parent, depth=depth, tenant=tenant,
-                                 variables={wf.INPUTS: inputs}))
+                                 variables={wf.INPUTS: inputs}, once=once))
 
 
 def submit_agent(store: Store, agent: str, text: str, *, options: JobOptions | None = None,
                  parent: tuple[str, str] | None = None, depth: int = 0,
                  history: list[dict[str, Any]] | None = None, session: SessionTurn | None = None,
-                 tenant: str | None = None) -> str:
+                 tenant: str | None = None, once: Once | None = None) -> str:
     """Create an agent job (`agent` must be registered) and queue its first turn; with
     `session`, as that session's next message (SessionBusy if it cannot take one now)."""
     spec = get_registry().agent(agent)
@@ -150,7 +152,7 @@ def submit_agent(store: Store, agent: str, text: str, *, options: JobOptions | N
     periodic = {f.id: f for f in spec.context_feeds if f.type == "periodic" and f.enabled}
     return _create(store, NewJob("agent", fields, {"agent": spec.name}, options=options,
                                  parent=parent, depth=depth, tenant=tenant, history=history,
-                                 feeds=periodic, session=session))
+                                 feeds=periodic, session=session, once=once))
 
 
 def _check_client_tools(agent: AgentSpec, options: JobOptions) -> None:
@@ -169,6 +171,27 @@ def _check_client_tools(agent: AgentSpec, options: JobOptions) -> None:
             continue
         message = f"client tool {tool.name!r} clashes with {whose}: give it another name"
         raise SubmitError(message, [_problem("client_tool_clash", message)])
+
+
+@dataclass(frozen=True, slots=True)
+class Once:
+    """A request its client may send more than once (an `Idempotency-Key`, an A2A message
+    id): every copy finds the job the first one made while that job is kept, and makes
+    nothing. Its job's id is derived from the key and the tenant; the same key with another
+    request is refused."""
+
+    key: str
+    request: str
+    """A digest of what was asked (`Once.of`)."""
+
+    @classmethod
+    def of(cls, key: str, request: Any) -> Once:
+        """`key` for `request` (any JSON value: the body as the client sent it)."""
+        canonical = json.dumps(request, sort_keys=True, separators=(",", ":"), default=str)
+        return cls(key, hashlib.sha256(canonical.encode()).hexdigest())
+
+    def job_id(self, tenant: str) -> str:
+        return uuid.uuid5(uuid.NAMESPACE_URL, f"cortex-once:{tenant}:{self.key}").hex
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,29 +214,31 @@ class NewJob:
     feeds: dict[str, Any] | None = None
     """An agent's periodic context feeds, refreshed from its creation on."""
     session: SessionTurn | None = None
+    once: Once | None = None
 
 
 def _create(store: Store, new: NewJob) -> str:
     """The bookkeeping every kind shares: create the record, link a child to its parent, and
-    queue the first step. A child of an action (`parent`: job id, action id) gets an id
-    derived from them, so a redelivered action finds its job instead of starting another
-    (and re-sends its start, which may never have been sent)."""
+    queue the first step. A job asked for again gets the same id, and is found instead of
+    made again (and its start is sent again if it has not started): a child of an action
+    (`parent`: job id, action id), as a redelivered action asks again, and a request sent
+    again with its idempotency key (`once`: AlreadySubmitted, see `resubmitted`)."""
     settings = get_settings()
-    kind, fields, parent, tenant, session = new.kind, new.fields, new.parent, new.tenant, \
-        new.session
-    if not parent:
-        usage.check_submit(store, tenant or DEFAULT_TENANT)
+    kind, fields, parent, tenant, session, once = new.kind, new.fields, new.parent, \
+        new.tenant, new.session, new.once
     options = new.options or JobOptions()
     if parent:  # one child per parent action, even if its task is delivered twice
         job_id = child_job_id(*parent)
-        existing = store.peek(job_id, "status")
-        if existing is not None:
-            if existing.status == "queued":
-                KINDS[kind].send_start(job_id)
-            return job_id
         tenant = (store.peek(parent[0], "tenant") or JobRecord(id="")).tenant  # never leaves it
+    elif once:
+        found = resubmitted(store, once, tenant)
+        if found is not None:
+            raise AlreadySubmitted(found)
+        job_id = once.job_id(tenant or DEFAULT_TENANT)
     else:
         job_id = uuid.uuid4().hex
+    if not parent:
+        usage.check_submit(store, tenant or DEFAULT_TENANT)
     record: dict[str, Any] = {
         "kind": kind, "tenant": tenant or DEFAULT_TENANT, "options": options, "depth": new.depth,
         "limit": options.max_parallel or settings.max_parallel_actions, **fields}
@@ -221,19 +246,43 @@ def _create(store: Store, new: NewJob) -> str:
         record["session"] = session.session_id
     if parent:
         record.update(parent_job=parent[0], parent_action=parent[1])
+    if once:
+        record["request"] = once.request
     links = {"parent_job": parent[0], "parent_action": parent[1], "depth": new.depth} \
         if parent else {}
     # a session's message is recorded with the job, before the job can reply to it
-    store.create_job(job_id, record, settings.event_retention_s,
-                     [(EventType.job_queued, {"kind": kind, **new.queued, **links})], session=session)
-    store.set_variables(job_id, new.variables or {})
-    if new.history:
-        store.append_conversation(job_id, *new.history)
+    existing = store.create_job(
+        job_id, record, settings.event_retention_s,
+        [(EventType.job_queued, {"kind": kind, **new.queued, **links})], session=session,
+        variables=new.variables, conversation=new.history or ())
+    if existing is not None:  # made meanwhile, or before: found, not made again
+        if once:
+            raise AlreadySubmitted(resubmitted(store, once, tenant) or job_id)
+        if existing.status == "queued":
+            KINDS[kind].send_start(job_id)
+        return job_id
     if parent and not _adopt(store, parent, job_id):
         return job_id
     if new.feeds:
         dispatch.refresh_feeds(job_id, new.feeds)
     KINDS[kind].send_start(job_id)
+    return job_id
+
+
+def resubmitted(store: Store, once: Once, tenant: str | None) -> str | None:
+    """The job `once`'s request made already, if it is kept (its start is sent again if it
+    has not started: the first request may have stopped before it sent it), else None.
+    SubmitError if its key made a job for another request."""
+    job_id = once.job_id(tenant or DEFAULT_TENANT)
+    job = store.peek(job_id, "kind", "status", "request")
+    if job is None:
+        return None
+    if job.request != once.request:
+        message = (f"idempotency key {once.key!r} was used for another request (job {job_id}): "
+                   "use a new key for a new request")
+        raise SubmitError(message, [_problem("idempotency_key_reused", message)])
+    if job.status == "queued":
+        KINDS[job.kind].send_start(job_id)
     return job_id
 
 

@@ -53,6 +53,7 @@ class JobRecord(BaseModel):
     model: dict[str, Any] | None = None  # the model of its llm actions (documents, workflows)
     parent_job: str | None = None
     parent_action: str | None = None
+    request: str = ""  # a digest of the request that made it, if it came with an idempotency key
     dispatch: str | None = None  # "canvas" or "readiness" (documents and workflows)
     result: str = ""
     result_type: str = ""  # "json": `result` is the JSON of a typed output (output_schema)

@@ -267,17 +267,27 @@ class Store:
     # -- jobs -----------------------------------------------------------------------------
     def create_job(self, job_id: str, fields: dict[str, Any], ttl: int,
                    events: Sequence[tuple[str, dict[str, Any]]] = (), *,
-                   session: SessionTurn | None = None) -> None:
-        """Create the job hash, index it, and append its first events, in one transaction.
-        With `session`, the job's `input` and the job join the session in it too
-        (SessionBusy if the session's last job is not `session.after`, or has not ended)."""
-        key = job_keys(job_id).job
+                   session: SessionTurn | None = None, variables: dict[str, Any] | None = None,
+                   conversation: Sequence[dict[str, Any]] = ()) -> JobRecord | None:
+        """Create the job hash, index it, and append its first events, with its first
+        variables and conversation, in one transaction; None once done. A job of this id that
+        exists already is returned instead, and nothing is written (an id derived from what
+        asked for the job: a redelivered action's child, a client's idempotency key). With
+        `session`, the job's `input` and the job join the session in it too (SessionBusy if
+        the session's last job is not `session.after`, or has not ended)."""
+        keys = job_keys(job_id)
+        key = keys.job
         now = time.time()
         emit = self._scripts["emit"]
         logged = not events
         with self.redis.pipeline() as pipe:
             while True:
                 try:
+                    pipe.watch(key)
+                    existing = pipe.hgetall(key)
+                    if existing:
+                        pipe.reset()
+                        return JobRecord.from_hash(existing)
                     session_ttl = self._watch_session(pipe, session) if session else 0
                     pipe.multi()
                     pipe.hset(key, mapping=encode({
@@ -292,6 +302,11 @@ class Store:
                         message = {"role": "user", "content": fields["input"], "job_id": job_id}
                         self._session_append(pipe, session.session_id, session_ttl, message,
                                              job_id)
+                    if variables:
+                        pipe.hset(keys.vars, mapping={k: dumps(v) for k, v in variables.items()})
+                    if conversation:
+                        pipe.rpush(keys.conversation, *[dumps(m) for m in conversation])
+                        pipe.expire(keys.conversation, ttl)
                     if events:  # by its digest: a script object would check it first, apart
                         pipe.evalsha(emit.sha, SCRIPT_KEYS, *job_keys(job_id)[:SCRIPT_KEYS],
                                      job_id, repr(now), "0", "", "",
@@ -299,14 +314,15 @@ class Store:
                     pipe.execute()
                     logged = True
                     break
-                except redis.WatchError:  # the session moved on: `_watch_session` says how
-                    continue
+                except redis.WatchError:  # another request made the job, or the session moved
+                    continue  # on: the next pass says which
                 except redis.exceptions.NoScriptError:  # Redis lost its scripts (a restart):
                     break  # the rest of the transaction ran; the events go the usual way
         if not logged:
             self.emit(job_id, events)
         else:
             self._barrier("create_job")  # a job the API answered 201 for outlives a failover
+        return None
 
     @staticmethod
     def _watch_session(pipe: Any, turn: SessionTurn) -> int:

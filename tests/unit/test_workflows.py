@@ -602,14 +602,16 @@ class FakeStore:
         return self.jobs.get(job_id)
 
     def create_job(self, job_id: str, fields: dict[str, Any], ttl: int,
-                   events: list[tuple[str, dict[str, Any]]], *, session: Any = None) -> None:
-        assert job_id not in self.jobs, "created twice"
-        assert session is None  # a workflow's child run belongs to no session
+                   events: list[tuple[str, dict[str, Any]]], *, session: Any = None,
+                   variables: dict[str, Any] | None = None,
+                   conversation: Any = ()) -> JobRecord | None:
+        if job_id in self.jobs:  # as the store: the job asked for again is found, not made
+            return self.jobs[job_id]
+        assert session is None and not conversation  # a workflow's child run has neither
         self.jobs[job_id] = JobRecord.from_hash(encode({"id": job_id, "status": "queued", **fields}))
+        self.variables[job_id] = dict(variables or {})
         self.emit(job_id, events)
-
-    def set_variables(self, job_id: str, values: dict[str, Any]) -> None:
-        self.variables.setdefault(job_id, {}).update(values)
+        return None
 
     def add_child(self, job_id: str, child: str) -> None:
         self.children.setdefault(job_id, set()).add(child)

@@ -51,7 +51,7 @@ async def rpc(name: str, request: Request, caller: CallerDep, store: StoreDep, h
     """A2A JSON-RPC 2.0: `SendMessage`, `SendStreamingMessage` (SSE), `GetTask`,
     `CancelTask`, `SubscribeToTask` (SSE). Send `A2A-Version: 1.0`; the answer carries it."""
     _agent(name)
-    handler = JobTasks(Scope(name, caller, store, hub, settings, request))
+    handler = JobTasks(Scope(name, caller, store, hub, settings))
     response = await JsonRpcDispatcher(handler).handle_requests(request)
     response.headers[VERSION_HEADER] = PROTOCOL_VERSION_CURRENT
     return response

@@ -42,7 +42,7 @@ from a2a.utils.errors import (
     UnsupportedOperationError,
 )
 from a2a.utils.task import apply_history_length, validate_history_length
-from fastapi import HTTPException, Request
+from fastapi import HTTPException
 from google.protobuf.json_format import MessageToDict
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -50,10 +50,11 @@ from starlette.concurrency import run_in_threadpool
 from cortex_api.auth import Caller
 from cortex_api.models import MessageCreate, SessionCreate
 from cortex_api.routes.a2a.tasks import message_text, task_of, updates_of
-from cortex_api.routes.sessions import create_session, post_message
+from cortex_api.routes.sessions import create_session, send_message
 from cortex_api.sse import HEARTBEAT_S, PAGE_SIZE, EventHub, is_terminal
 from cortex_api.sse import job_events as job_log
-from cortex_worker.jobs.lifecycle import cancel_job
+from cortex_worker.errors import AlreadySubmitted, SubmitError
+from cortex_worker.jobs.lifecycle import Once, cancel_job, resubmitted
 from cortex_worker.jobs.options import JobOptions
 from cortex_worker.jobs.record import JobRecord
 from cortex_worker.settings import Settings
@@ -70,7 +71,6 @@ class Scope:
     store: Store
     hub: EventHub
     settings: Settings
-    request: Request
 
 
 def _no_push() -> NoReturn:
@@ -131,13 +131,27 @@ class JobTasks(RequestHandler):
             body = MessageCreate(content=text)
         except ValidationError as exc:
             raise InvalidParamsError(message=f"metadata.cortex.options or message: {exc}") from None
-        job_id = await run_in_threadpool(self._start, message.context_id, body, options)
+        # a message sent again (same messageId: a client's retry) finds the task it started
+        once = Once.of(f"a2a:{self.scope.agent}:{message.message_id}", {
+            "contextId": message.context_id, "text": text,
+            "options": options.model_dump(mode="json")}) if message.message_id else None
+        try:
+            job_id = await run_in_threadpool(self._start, message.context_id, body, options,
+                                             once)
+        except SubmitError as exc:  # e.g. its messageId sent before with another message
+            raise InvalidParamsError(message=exc.message) from None
         return await self._job(job_id)
 
-    def _start(self, context_id: str, body: MessageCreate, options: JobOptions) -> str:
+    def _start(self, context_id: str, body: MessageCreate, options: JobOptions,
+               once: Once | None) -> str:
         """A new session of this agent, or the caller's session `context_id` of it, gets the
-        message: `POST /v1/sessions` and `POST /v1/sessions/{id}/messages` do the work."""
+        message: `POST /v1/sessions` and `POST /v1/sessions/{id}/messages` do the work. A
+        message `once` started a task already gets that task (and opens no session)."""
         scope = self.scope
+        if once is not None:
+            found = resubmitted(scope.store, once, scope.caller.tenant)
+            if found is not None:
+                return found
         if context_id:
             session = scope.store.get_session(context_id)
             if session is None or session.get("agent") != scope.agent \
@@ -148,7 +162,9 @@ class JobTasks(RequestHandler):
             context_id = create_session(SessionCreate(agent=scope.agent, options=options),
                                         scope.store, scope.settings, scope.caller).id
         try:
-            return post_message(context_id, body, scope.request, scope.store, scope.caller).id
+            return send_message(context_id, body, scope.store, scope.caller, once).id
+        except AlreadySubmitted as exc:  # sent again meanwhile
+            return exc.job_id
         except SessionBusy as exc:
             raise UnsupportedOperationError(
                 message=f"contextId {context_id!r} is busy: its task {exc.job_id!r} is still "
