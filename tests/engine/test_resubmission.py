@@ -42,7 +42,7 @@ def test_the_same_key_for_another_request_is_refused(store: Store, broker: StubB
 
 
 def test_keys_belong_to_their_tenant(store: Store, broker: StubBroker) -> None:
-    once = Once.of("shared", {"protocol": DOC})
+    once = Once.of("one-key", {"protocol": DOC})
     mine = jobs.submit_document(store, DOC, once=once, tenant="acme")
     theirs = jobs.submit_document(store, DOC, once=once, tenant="globex")
     assert mine != theirs
