@@ -16,8 +16,8 @@ EXAMPLE_MANIFESTS = REPO_ROOT / "examples" / "manifests"
 TEST_AGENTS = sorted([
     "analyzer", "blocked", "cautious", "claude_tester", "clock", "comprehensive_analyzer",
     "continuer", "correlation_analyzer", "data_analyzer", "error_analyzer", "feed_lab", "feeder",
-    "hasty", "helper", "llm_feeder", "must_act", "native", "native_clock", "pattern_analyzer",
-    "reporter", "retrier", "shallow", "tester"])
+    "hasty", "helper", "llm_feeder", "must_act", "must_calculate", "native", "native_clock",
+    "pattern_analyzer", "reporter", "retrier", "shallow", "tester"])
 """The agents of tests/manifests/agents.yaml (and `clock`, `native_clock`, of mcp.yaml), sorted as the API
 lists them."""
 TEST_RELICS = ["broken", "echo", "log_service", "missing", "postgres_monitor", "results_cache"]

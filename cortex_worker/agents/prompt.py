@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from cortex_worker.actions.table import ACTION_TYPES
 from cortex_worker.actions.types.base import ClientTool
+from cortex_worker.llm.config import function_name
 
 if TYPE_CHECKING:
     from cortex_worker.agents.spec import AgentSpec
@@ -234,15 +235,6 @@ def tool_functions(agent: AgentSpec, registry: Registry,
     job's client tools."""
     return [*(_function(registry.tool(name)) for name in agent.tools),
             *(_function(tool) for tool in client_tools)]
-
-
-_NOT_FUNCTION_NAME = re.compile(r"[^A-Za-z0-9_-]")
-
-
-def function_name(tool: str) -> str:
-    """The name a tool has as a native function: providers accept only letters, digits, `_`
-    and `-`, so `time.get_current_time` (an MCP tool) is offered as `time__get_current_time`."""
-    return _NOT_FUNCTION_NAME.sub("__", tool)
 
 
 def tool_names(agent: AgentSpec, client_tools: Sequence[ClientTool] = ()) -> dict[str, str]:

@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 from cortex_worker.llm import transport
-from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.config import ModelConfig, function_name
 from cortex_worker.llm.sse import T, Take, hand_over, json_event
 from cortex_worker.llm.stream import ModelError, Piece, TextDelta, ToolCall, Usage
 
@@ -182,7 +182,8 @@ def to_messages_request(messages: list[dict[str, Any]],
 
 
 ANTHROPIC_TOOL_CHOICE = {"auto": "auto", "required": "any", "none": "none"}
-"""`ModelConfig.tool_choice` (OpenAI's words) as the Messages API's `tool_choice.type`."""
+"""`ModelConfig.tool_choice` (OpenAI's words) as the Messages API's `tool_choice.type`; a tool's
+name is `{"type": "tool", "name": ...}`."""
 
 
 STRUCTURED_OUTPUTS_BETA = "structured-outputs-2025-11-13"
@@ -195,7 +196,10 @@ def _request_body(config: ModelConfig, messages: list[dict[str, Any]],
     body: dict[str, Any] = {"model": config.model,
                             "max_tokens": config.max_tokens or DEFAULT_MAX_TOKENS}
     body.update(to_messages_request(messages, tools))
-    if tools and config.tool_choice != "auto":
+    forced = config.forced_tool
+    if tools and forced is not None:
+        body["tool_choice"] = {"type": "tool", "name": function_name(forced)}
+    elif tools and config.tool_choice != "auto":
         body["tool_choice"] = {"type": ANTHROPIC_TOOL_CHOICE[config.tool_choice]}
     if output_schema is not None:  # a text answer is this JSON (structured outputs, beta)
         body["output_format"] = {"type": "json_schema", "schema": dict(output_schema)}

@@ -35,7 +35,17 @@ PROVIDER_DEFAULTS: dict[str, dict[str, str]] = {
 """Defaults that differ by provider (the field defaults are OpenAI's)."""
 
 
-ToolChoice = Literal["auto", "required", "none"]
+ToolChoice = Literal["auto", "required", "none"] | str
+"""`auto`, `required`, `none`, or the name of one of the agent's tools (it must call it)."""
+CHOICES = frozenset({"auto", "required", "none"})
+
+_NOT_FUNCTION_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def function_name(tool: str) -> str:
+    """The name a tool has as a native function: providers accept only letters, digits, `_`
+    and `-`, so `time.get_current_time` (an MCP tool) is offered as `time__get_current_time`."""
+    return _NOT_FUNCTION_NAME.sub("__", tool)
 
 
 class ModelLimits(BaseModel):
@@ -81,11 +91,13 @@ class ModelConfig(BaseModel):
                     "agent's manifest (cortex_worker.llm.grammar): gbnf for llama.cpp, lark or "
                     "ebnf for vLLM / SGLang, structural_tag for XGrammar; off by default")
     tool_choice: ToolChoice = Field(
-        default="auto",
+        default="auto", min_length=1,
         description="whether the model must act (OpenAI's meanings): auto (it may), required "
         "(each turn acts, until the job has run an action: then auto, so the model can "
-        "answer), none (it may not); sent as the provider's parameter with native tools, and "
-        "built into the grammar with `grammar` (required: an action before any response)")
+        "answer), none (it may not), or a tool's name (the agent's: it must call that tool, "
+        "until the job has run an action); sent as the provider's parameter with native "
+        "tools, and built into the grammar with `grammar` (required or a name: an action, of "
+        "that tool, before any response)")
     continuation: Literal["prefill", "continue_final_message"] | None = Field(
         default=None,
         description="how the endpoint continues a partial answer, so a turn taken over from a "
@@ -132,6 +144,11 @@ class ModelConfig(BaseModel):
                 raise ValueError(f"model base_url needs environment variable {name}, which is not set")
             return os.environ[name]
         return _ENV.sub(expand, self.base_url).rstrip("/")
+
+    @property
+    def forced_tool(self) -> str | None:
+        """The tool `tool_choice` names, if it names one."""
+        return None if self.tool_choice in CHOICES else self.tool_choice
 
     def wire(self) -> dict[str, Any]:
         """As written into a job record or an action's spec for another process: the fields

@@ -31,7 +31,7 @@ import httpx
 
 from cortex_worker.llm import transport
 from cortex_worker.llm.anthropic import stream_messages
-from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.config import ModelConfig, function_name
 from cortex_worker.llm.grammar import Grammar, request_fields
 from cortex_worker.llm.replay import replay_stream
 from cortex_worker.llm.sse import T, Take, hand_over, json_event, taken
@@ -58,7 +58,10 @@ def _request_body(config: ModelConfig, messages: list[dict[str, Any]],
         body["max_tokens"] = config.max_tokens
     if tools:
         body["tools"] = tools
-        if config.tool_choice != "auto":  # absent is auto: vLLM refuses "auto" without a flag
+        forced = config.forced_tool
+        if forced is not None:
+            body["tool_choice"] = {"type": "function", "function": {"name": function_name(forced)}}
+        elif config.tool_choice != "auto":  # absent is auto: vLLM refuses "auto" without a flag
             body["tool_choice"] = config.tool_choice
     if output_schema is not None:  # a model that answers in plain text answers this JSON
         body["response_format"] = {"type": "json_schema", "json_schema": {

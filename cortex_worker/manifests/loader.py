@@ -234,6 +234,11 @@ def _link_agent(spec: AgentSpec, registry: Registry, path: Path) -> AgentSpec:
     names in its place, and read its `system_prompt_file`."""
     if isinstance(spec.model, str):
         spec = spec.model_copy(update={"model": _linked_model(spec.model, registry)})
+    forced = spec.model.forced_tool if spec.model is not None else None
+    if forced is not None and forced not in spec.tools:
+        raise ValueError(f"model.tool_choice: {forced!r} is not one of the agent's tools (its "
+                         f"tools: {', '.join(spec.tools) or 'none'}); or use auto, required or "
+                         "none")
     for index, name in enumerate(spec.tools):
         if name not in registry.tools:
             known = ", ".join(sorted(registry.tools)) or "none"
@@ -306,6 +311,11 @@ def _link_workflow(spec: WorkflowSpec, registry: Registry, path: Path) -> Workfl
     the `kind: Model` its `model:` names is put in its place."""
     if isinstance(spec.model, str):
         spec = spec.model_copy(update={"model": _linked_model(spec.model, registry)})
+    forced = spec.model.forced_tool if spec.model is not None else None
+    if forced is not None and forced not in spec.tools:
+        raise ValueError(f"model.tool_choice: {forced!r} is not one of the agent's tools (its "
+                         f"tools: {', '.join(spec.tools) or 'none'}); or use auto, required or "
+                         "none")
     link_workflow(spec, registry)
     return spec
 

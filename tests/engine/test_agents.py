@@ -537,6 +537,24 @@ def test_tool_choice_required_holds_until_the_job_has_run_an_action(
     assert events(store, job_id)[-1]["data"]["result"] == "It is 42."
 
 
+def test_a_tool_named_by_tool_choice_is_forced_until_the_job_has_run_an_action(
+        store: Store, broker: StubBroker, llm: FakeLLM) -> None:
+    """`tool_choice: calculator` (agent `must_calculate`): the first request forces that
+    function; once an action ran, the next says nothing (auto)."""
+    model = f"must-calculate-{uuid.uuid4().hex[:8]}"
+    llm.script(model, [
+        Turn(tool_calls=[{"id": "call_1", "name": "calculator",
+                          "arguments": {"expression": "6 * 7"}}], tokens_per_second=5000),
+        Turn(text="It is 42.", tokens_per_second=5000)])
+    job_id = jobs.submit_agent(store, "must_calculate", "6 * 7?",
+                               options=JobOptions(model=model))
+    broker.join()
+    assert status(store, job_id) == "completed"
+    first, second = llm.requests(model)
+    assert first["tool_choice"] == {"type": "function", "function": {"name": "calculator"}}
+    assert "tool_choice" not in second
+
+
 def test_a_typed_output_is_the_jobs_value_and_a_wrong_one_is_answered_again(
         store: Store, broker: StubBroker, llm: FakeLLM) -> None:
     """Agent `reporter` (output_schema): a final response that is not the schema's is refused

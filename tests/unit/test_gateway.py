@@ -663,6 +663,27 @@ def test_tool_choice_is_sent_in_each_providers_words_with_tools_only() -> None:
                                                         messages, tools)
 
 
+def test_a_tool_named_by_tool_choice_is_forced_in_each_providers_words() -> None:
+    """A tool's name (the OpenAI Agents SDK's `tool_choice="get_weather"`): OpenAI's
+    `{"type": "function", ...}`, Anthropic's `{"type": "tool", ...}`, with the name it has as
+    a native function (an MCP tool's dot becomes `__`)."""
+    from cortex_worker.llm import anthropic
+    from cortex_worker.llm.gateway import _request_body
+
+    messages = [{"role": "user", "content": "Go."}]
+    tools = [{"type": "function", "function": {"name": "time__now", "parameters": {}}}]
+    config = ModelConfig(model="m", tool_choice="time.now")
+    assert config.forced_tool == "time.now"
+    assert _request_body(config, messages, tools)["tool_choice"] == {
+        "type": "function", "function": {"name": "time__now"}}
+    claude = ModelConfig(provider="anthropic", tool_choice="time.now")
+    assert anthropic._request_body(claude, messages, tools)["tool_choice"] == {
+        "type": "tool", "name": "time__now"}
+    assert ModelConfig(model="m", tool_choice="required").forced_tool is None
+    with pytest.raises(ValueError):
+        ModelConfig(model="m", tool_choice="")
+
+
 def test_a_model_on_the_wire_is_read_by_the_version_before_and_after() -> None:
     """`wire()` leaves defaults out (a worker of the version before reads it unless a new
     field is used); `from_wire` ignores a field a newer version wrote (a manifest may not)."""

@@ -406,6 +406,22 @@ def test_tool_choice_required_demands_an_action_before_any_response(
     assert not accepts(may_not, f"{act}\n{answer}")
 
 
+def test_a_tool_named_by_tool_choice_is_the_only_action_and_comes_first(
+        agent: AgentSpec, registry: Registry) -> None:
+    """A tool's name: an action of that tool before any response, and no other target."""
+    named = gr.build_grammar(agent, registry, "lark", tool_choice="calculator")
+    assert isinstance(named, str)
+    parser = Lark(named, start="start", parser="earley", lexer="dynamic")
+    answer = '<response final="true">4</response>'
+    calculate = tool("async", "calculator", '{"expression": "2 + 2"}')
+    echo = tool("async", "echo", '{"message": "hi"}')
+    assert accepts(parser, f"{calculate}\n{answer}")
+    assert not accepts(parser, answer)
+    assert not accepts(parser, f"{echo}\n{answer}")
+    with pytest.raises(gr.GrammarError, match="not a tool of agent"):
+        gr.build_grammar(agent, registry, "lark", tool_choice="no_such_tool")
+
+
 def test_an_output_schema_makes_the_final_response_its_json(
         agent: AgentSpec, registry: Registry) -> None:
     """`output_schema`: the final response is a JSON value of it; a progress response

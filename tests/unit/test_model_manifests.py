@@ -186,6 +186,28 @@ def test_an_unknown_model_without_any_model_says_none(tmp_path: Path) -> None:
         "`model: {model: fast}`")
 
 
+def test_a_tool_choice_names_one_of_the_agents_tools(tmp_path: Path) -> None:
+    """`tool_choice` may name a tool (the model must call it); one the agent does not list is
+    refused at load, naming the agent's tools. A shared `kind: Model` is checked per agent."""
+    write(tmp_path, "m/models.yaml", "kind: Model\nname: forcing\nmodel: m\n"
+                                     "tool_choice: calculator\n")
+    write(tmp_path, "m/agents.yaml", """\
+        agents:
+          - name: fine
+            model: forcing
+            tools: [echo, calculator]
+          - name: wrong
+            model: forcing
+            tools: [echo]
+        """)
+    assert load_error(tmp_path / "m") == (
+        "m/agents.yaml: agents[1] 'wrong': model.tool_choice: 'calculator' is not one of the "
+        "agent's tools (its tools: echo); or use auto, required or none")
+    write(tmp_path, "m/agents.yaml", "kind: Agent\nname: fine\nmodel: forcing\n"
+                                     "tools: [echo, calculator]\n")
+    assert load_registry(tmp_path / "m").agents["fine"].model.forced_tool == "calculator"
+
+
 def test_a_model_value_is_a_block_or_a_name(tmp_path: Path) -> None:
     write(tmp_path, "m/agents.yaml", """\
         agents:

@@ -519,10 +519,10 @@ def _generate(store: Store, job_id: str, job: JobRecord, agent: AgentSpec, turn:
 
 
 def _acting(model: ModelConfig, planner: StreamPlanner) -> ModelConfig:
-    """The model as this turn asks it: `tool_choice: required` holds until the job has run an
-    action (its planner has placed one), then it is `auto`, so the model can answer (the
-    OpenAI Agents SDK's reset_tool_choice)."""
-    if model.tool_choice == "required" and planner.ids:
+    """The model as this turn asks it: `tool_choice: required` (or a tool's name) holds until
+    the job has run an action (its planner has placed one), then it is `auto`, so the model
+    can answer (the OpenAI Agents SDK's reset_tool_choice)."""
+    if model.tool_choice not in ("auto", "none") and planner.ids:
         return model.model_copy(update={"tool_choice": "auto"})
     return model
 
