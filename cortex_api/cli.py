@@ -412,14 +412,11 @@ DEMO_QUESTION = ("What limits the speedup of parallel work, according to the not
 
 
 def _redact(url: str) -> str:
-    """`url` without its password."""
-    from urllib.parse import urlsplit
+    """`url` without its passwords: the user part's, and a query's `password=` and
+    `sentinel_password=` (a Sentinel URL's), as every message of Cortex shows a URL."""
+    from cortex_worker.store.connect import redact
 
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
+    return redact(url)
 
 
 @app.command(cls=Command)

@@ -131,14 +131,14 @@ def parse_url(url: str) -> RedisTarget:
     if not sep or scheme not in (*PLAIN_SCHEMES, SENTINEL_SCHEME):
         raise RedisUrlError(
             f"a Redis URL starts with redis://, rediss://, unix:// or {SENTINEL_SCHEME}:// "
-            f"(got {_redact(url)!r})")
+            f"(got {redact(url)!r})")
     if scheme != SENTINEL_SCHEME:
         return PlainTarget(url=url)
     return _parse_sentinel(url)
 
 
 def _parse_sentinel(url: str) -> SentinelTarget:
-    where = f"{SENTINEL_SCHEME} URL {_redact(url)!r}"
+    where = f"{SENTINEL_SCHEME} URL {redact(url)!r}"
     try:
         parts = urlsplit(url)
     except ValueError as exc:  # an unclosed [ of an IPv6 address
@@ -195,15 +195,29 @@ def _sentinel_address(item: str, where: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def _redact(url: str) -> str:
-    """`url` without its passwords, for messages."""
-    url = re.sub(r"(sentinel_password=)[^&]*", r"\1***", url)
-    head, at, tail = url.rpartition("@")
-    if not at:
+_PASSWORD_PARAM = re.compile(r"([?&;][^=&;#]*password=)[^&;#]*", re.IGNORECASE)
+_URL_START = re.compile(r";(?=[a-z][a-z0-9+.-]*://)", re.IGNORECASE)
+
+
+def redact(url: str) -> str:
+    """`url` without its passwords, for messages and logs: its user part's (a Sentinel URL
+    has one, before its first host) and its query's (`password=`, `sentinel_password=`);
+    each URL of kombu's lists joined with `;` too."""
+    return ";".join(_redact_one(part) for part in _URL_START.split(url))
+
+
+def _redact_one(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return url
-    scheme, sep, userinfo = head.partition("://")
-    user = userinfo.partition(":")[0]
-    return f"{scheme}{sep}{user}:***@{tail}"
+    # The authority ends at the first "/" (an unencoded "?" or "#" may be in the password).
+    slash = rest.find("/")
+    authority, tail = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+    userinfo, _, hosts = authority.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    if colon:
+        authority = f"{user}:***@{hosts}"
+    return scheme + sep + _PASSWORD_PARAM.sub(r"\1***", authority + tail)
 
 
 # -- clients -------------------------------------------------------------------------------
