@@ -7,7 +7,11 @@ from kombu import Exchange, Queue
 
 from cortex_worker.pools import KOMBU_PRIORITY_SEP, NAMES, PRIORITIES, lanes
 from cortex_worker.settings import Settings, get_settings
-from cortex_worker.store.connect import celery_backend_config, celery_broker_config
+from cortex_worker.store.connect import (
+    celery_backend_config,
+    celery_broker_config,
+    celery_socket_options,
+)
 from cortex_worker.store.state import MAX_CONNECTIONS
 from cortex_worker.worker import kombu_fixes as broker
 
@@ -66,6 +70,9 @@ def create_app(settings: Settings | None = None) -> Celery:
             "unacked_mutex_expire": restore_lock_expiry(settings.visibility_timeout_s),
             "priority_steps": list(range(PRIORITIES)),  # a job's priority: its 0 first
             "sep": KOMBU_PRIORITY_SEP,
+            # Bounded reads, TCP keepalive and 5 s health checks: a worker whose broker froze
+            # (its BRPOP never answered) reconnects, through the sentinels, within seconds.
+            **celery_socket_options(settings.broker),
             **broker_config["broker_transport_options"],
         },
         result_backend_transport_options={"visibility_timeout": settings.visibility_timeout_s,

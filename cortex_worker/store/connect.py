@@ -11,11 +11,18 @@ failover):
 hub use redis-py's `Sentinel(...).master_for(...)`; Celery's broker and result backend use
 kombu's and Celery's Sentinel support (`sentinel://` URLs and `master_name` in the transport
 options), from `celery_broker_config` and `celery_backend_config`.
+
+No connection waits for a node forever: a master that freezes (SIGSTOP, a paused VM, a
+partition that drops packets) keeps its connections open, so each client bounds its reads
+(`READ_TIMEOUT_S`, and the broker's `celery_socket_options`) and probes idle connections
+(`keepalive_options`); a command that timed out is sent again, to the master the sentinels
+name by then.
 """
 
 from __future__ import annotations
 
 import re
+import socket
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
@@ -47,6 +54,27 @@ CONNECT_TIMEOUT_S = 2.0
 fails each attempt after this long instead of the kernel's two minutes."""
 SENTINEL_TIMEOUT_S = 2.0
 """How long a sentinel may take to answer which node is the master, before the next is asked."""
+READ_TIMEOUT_S = 5.0
+"""How long a command may wait for its reply, beyond a wait it asks of the server itself: a
+master that froze with the command sent (its kernel still holds the connection open) fails it
+with a TimeoutError after this long, and the client's retry sends it again, to the master the
+sentinels name by then. Every command Cortex sends is answered in milliseconds (Lua scripts
+too) except `WAIT`, whose `redis_replica_wait_ms` the state store adds to this. A pub/sub read
+is not bounded by it: it passes a timeout of its own, and an idle subscription is probed by
+TCP keepalive instead (`keepalive_options`)."""
+KEEPALIVE_IDLE_S = 10
+"""Seconds a connection may sit idle before the kernel probes its peer (Linux's default: 2 h)."""
+KEEPALIVE_INTERVAL_S = 5
+"""Seconds between two probes of an idle connection."""
+KEEPALIVE_PROBES = 3
+"""Probes unanswered before the kernel closes the connection: a peer gone without a FIN or an
+RST (a partition, a paused VM, a host powered off) is noticed within 10 + 3 x 5 = 25 s."""
+BROKER_HEALTH_CHECK_S = 5
+"""kombu's health checks of the broker's connections, this often: a BRPOP whose reply is
+`brpop_timeout` (1 s) + this overdue is dropped and sent again on a new connection, and a
+pub/sub connection that missed two PINGs' replies is dropped and subscribed again (kombu's
+default, 25 s, leaves a worker up to 51 s on a frozen master; redis-py also PINGs a
+connection idle this long before its next command)."""
 
 
 class RedisUrlError(CortexError, ValueError):
@@ -227,12 +255,16 @@ class _SentinelConnection(SentinelManagedConnection):
     the pool goes through; a command whose connection broke under it (the master killed while
     a write waited for its replica) is sent again by `send_packed_command`, which reconnects
     through `connect_check_health` to the address it had: the dead master, every retry, until
-    the write failed after about 35 s with the replica long promoted."""
+    the write failed after about 35 s with the replica long promoted.
+
+    That reconnect is one look and one attempt: the command's own retry makes the next ones.
+    `connect()` would retry too, inside each of them: against a frozen master the sentinels
+    still name (each attempt waits for its read timeout), 40 x 40 attempts of 6 s each."""
 
     def connect_check_health(self, check_health: bool = True,
                              retry_socket_connect: bool = True) -> None:
         if self._sock is None and retry_socket_connect:  # not from connect_to: look again
-            self.connect()
+            self._connect_retry()
             return
         super().connect_check_health(check_health=check_health,
                                      retry_socket_connect=retry_socket_connect)
@@ -244,7 +276,7 @@ class _AsyncSentinelConnection(AsyncSentinelConnection):
     async def connect_check_health(self, check_health: bool = True,
                                    retry_socket_connect: bool = True) -> None:
         if not self.is_connected and retry_socket_connect:
-            await self.connect()
+            await self._connect_retry()
             return
         await super().connect_check_health(check_health=check_health,
                                            retry_socket_connect=retry_socket_connect)
@@ -259,19 +291,47 @@ class _AsyncBlockingSentinelPool(AsyncSentinelPool, aioredis.BlockingConnectionP
     """The asyncio form of `_BlockingSentinelPool`."""
 
 
+def keepalive_options() -> dict[int, int]:
+    """TCP keepalive for every Redis connection, as `socket_keepalive_options`: an idle
+    connection (a pub/sub subscription, a pooled one) whose peer is gone without a FIN or an
+    RST is closed within 25 s (`KEEPALIVE_*`), and so is one whose sent bytes go that long
+    unacknowledged (TCP_USER_TIMEOUT: the kernel would retransmit them for about 15 minutes).
+    A node that is frozen but whose kernel still answers (SIGSTOP) passes these probes: the
+    read timeouts bound what waits for it. Only the options this platform has."""
+    wanted = {"TCP_KEEPIDLE": KEEPALIVE_IDLE_S, "TCP_KEEPINTVL": KEEPALIVE_INTERVAL_S,
+              "TCP_KEEPCNT": KEEPALIVE_PROBES,
+              "TCP_USER_TIMEOUT": (KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_PROBES)
+              * 1000}
+    return {getattr(socket, name): value for name, value in wanted.items()
+            if hasattr(socket, name)}
+
+
+def _socket_options(target: RedisTarget, *, socket_timeout: float | None,
+                    socket_connect_timeout: float) -> dict[str, Any]:
+    """The timeouts of a client's connections, and TCP keepalive unless it is a unix socket's
+    (whose connections take no TCP option)."""
+    options: dict[str, Any] = {"socket_timeout": socket_timeout,
+                               "socket_connect_timeout": socket_connect_timeout}
+    if not (isinstance(target, PlainTarget) and target.url.lower().startswith("unix://")):
+        options.update(socket_keepalive=True, socket_keepalive_options=keepalive_options())
+    return options
+
+
 def sync_client(url: str, *, retry: Retry, max_connections: int, pool_timeout: float,
                 socket_connect_timeout: float = CONNECT_TIMEOUT_S,
-                socket_timeout: float | None = None, decode_responses: bool = True,
+                socket_timeout: float | None = READ_TIMEOUT_S, decode_responses: bool = True,
                 health_check_interval: int = 30) -> redis.Redis:
     """A client of the Redis `url` names (its master, for a Sentinel URL), on a blocking pool
-    of `max_connections`; a command whose connection fails is sent again as `retry` says
-    (after a failover, to the master the sentinels name then)."""
+    of `max_connections`; a command whose connection fails, or whose reply does not come
+    within `socket_timeout`, is sent again as `retry` says (after a failover, to the master
+    the sentinels name then)."""
     target = parse_url(url)
     options: dict[str, Any] = {
         "decode_responses": decode_responses, "retry": retry,
         "health_check_interval": health_check_interval,
-        "socket_connect_timeout": socket_connect_timeout, "socket_timeout": socket_timeout,
-        "socket_keepalive": True, "max_connections": max_connections, "timeout": pool_timeout}
+        **_socket_options(target, socket_timeout=socket_timeout,
+                          socket_connect_timeout=socket_connect_timeout),
+        "max_connections": max_connections, "timeout": pool_timeout}
     if isinstance(target, PlainTarget):
         return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
     sentinel = Sentinel(list(target.sentinels),
@@ -284,16 +344,20 @@ def sync_client(url: str, *, retry: Retry, max_connections: int, pool_timeout: f
 
 def async_client(url: str, *, retry: AsyncRetry, max_connections: int | None = None,
                  pool_timeout: float = 30.0, socket_connect_timeout: float = CONNECT_TIMEOUT_S,
-                 decode_responses: bool = True, health_check_interval: int = 30,
-                 replica: bool = False) -> aioredis.Redis:
+                 socket_timeout: float | None = READ_TIMEOUT_S, decode_responses: bool = True,
+                 health_check_interval: int = 30, replica: bool = False) -> aioredis.Redis:
     """The asyncio client of `url` (its master, for a Sentinel URL; with `replica`, one of its
     replicas, the master if it has none): on a blocking pool when `max_connections` is given,
-    else on a pool of its own without a cap (pub/sub)."""
+    else on a pool of its own without a cap (pub/sub). A reply that does not come within
+    `socket_timeout` fails the command, which `retry` sends again; a pub/sub read passes its
+    own timeout instead (redis-py 8: `get_message(timeout=...)`), so an idle subscription
+    does not time out."""
     target = parse_url(url)
     options: dict[str, Any] = {
         "decode_responses": decode_responses, "retry": retry,
         "health_check_interval": health_check_interval,
-        "socket_connect_timeout": socket_connect_timeout, "socket_keepalive": True}
+        **_socket_options(target, socket_timeout=socket_timeout,
+                          socket_connect_timeout=socket_connect_timeout)}
     if max_connections is not None:
         options.update(max_connections=max_connections, timeout=pool_timeout)
     if isinstance(target, PlainTarget):
@@ -364,3 +428,20 @@ def celery_backend_config(url: str) -> dict[str, Any]:
         return {"result_backend": url, "result_backend_transport_options": {}}
     return {"result_backend": target.celery_url(),
             "result_backend_transport_options": target.transport_options()}
+
+
+def celery_socket_options(url: str) -> dict[str, Any]:
+    """kombu's Redis transport options that keep the broker's connections off a frozen
+    master (to merge into `broker_transport_options`; {} for another broker): a command's
+    reply waits `READ_TIMEOUT_S` at most (a BRPOP is read only once its reply is there, so
+    its own timeout is not cut short), connections are opened within `CONNECT_TIMEOUT_S` and
+    kept alive as the state store's are, and kombu's checks of its BRPOP and pub/sub
+    connections run every `BROKER_HEALTH_CHECK_S`."""
+    if not is_redis_url(url):
+        return {}
+    options: dict[str, Any] = {"socket_timeout": READ_TIMEOUT_S,
+                               "socket_connect_timeout": CONNECT_TIMEOUT_S,
+                               "health_check_interval": BROKER_HEALTH_CHECK_S}
+    if not url.lower().startswith("unix://"):
+        options.update(socket_keepalive=True, socket_keepalive_options=keepalive_options())
+    return options

@@ -22,7 +22,7 @@ from redis.retry import Retry
 from cortex_worker.errors import CortexError
 from cortex_worker.jobs.record import DEFAULT_TENANT, JobRecord, encode
 from cortex_worker.protocol.events import ACTION_TERMINAL, JOB_TERMINAL, ActionStatus, JobStatus
-from cortex_worker.store.connect import sync_client
+from cortex_worker.store.connect import READ_TIMEOUT_S, sync_client
 from cortex_worker.store.keys import (
     ACTIVE_JOBS,
     DEFAULT_TTL_S,
@@ -219,10 +219,13 @@ class Store:
         # fails is sent again after a backoff, instead of failing the task and losing the
         # result it was recording (redis-py's default gives up after well under a second).
         # A Sentinel URL's client asks the sentinels for the master again on each new
-        # connection, so the retries also carry a command across a failover.
+        # connection, so the retries also carry a command across a failover. A master that
+        # froze with a command sent fails it after the read timeout, which is longer than
+        # any wait a command asks of Redis (a write's WAIT): it too is sent again.
         retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), RECONNECT_RETRIES)
         return cls(sync_client(url, retry=retry, max_connections=MAX_CONNECTIONS,
-                               pool_timeout=POOL_WAIT_S),
+                               pool_timeout=POOL_WAIT_S,
+                               socket_timeout=READ_TIMEOUT_S + replica_wait_ms / 1000),
                    replica_acks=replica_acks, replica_wait_ms=replica_wait_ms)
 
     def _run(self, name: str, job_id: str, *args: Any, extra_keys: Sequence[str] = ()) -> Any:
