@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue import Event as A2AEvent
 from a2a.server.request_handlers.request_handler import RequestHandler
+from a2a.server.tasks.inmemory_task_store import InMemoryTaskStore
 from a2a.types.a2a_pb2 import (
     AgentCard,
     CancelTaskRequest,
@@ -41,7 +42,7 @@ from a2a.utils.errors import (
     TaskNotFoundError,
     UnsupportedOperationError,
 )
-from a2a.utils.task import apply_history_length, validate_history_length
+from a2a.utils.task import apply_history_length, validate_history_length, validate_page_size
 from fastapi import HTTPException
 from google.protobuf.json_format import MessageToDict
 from pydantic import ValidationError
@@ -71,6 +72,13 @@ class Scope:
     store: Store
     hub: EventHub
     settings: Settings
+
+
+LIST_SCAN = 5000
+"""The newest jobs of the caller that ListTasks reads (as `GET /v1/jobs` scans at most)."""
+TASK_FIELDS = ("kind", "tenant", "status", "agent", "input", "session", "result", "error",
+               "created_at", "started_at", "finished_at")
+"""What `task_of` reads of a job."""
 
 
 def _no_push() -> NoReturn:
@@ -224,9 +232,37 @@ class JobTasks(RequestHandler):
 
     async def on_list_tasks(self, params: ListTasksRequest,
                             context: ServerCallContext) -> ListTasksResponse:
-        raise UnsupportedOperationError(
-            message="ListTasks is not served: list jobs with GET /v1/jobs?agent=<name>, or "
-                    "read a context with GET /v1/sessions/{contextId}")
+        """The caller's tasks of this agent (a context's, with `contextId`), filtered, ordered
+        and paged by the SDK's own listing (its in-memory task store: status,
+        statusTimestampAfter, newest status first, cursor page tokens), of the newest
+        `LIST_SCAN` jobs of the caller."""
+        validate_history_length(params)
+        if params.HasField("page_size"):
+            validate_page_size(params.page_size)
+        listing = InMemoryTaskStore(owner_resolver=lambda _: self.scope.agent)
+        for job in await run_in_threadpool(self._listed, params.context_id):
+            await listing.save(task_of(job), context)
+        page = await listing.list(params, context)
+        for task in page.tasks:
+            if not params.include_artifacts:
+                task.ClearField("artifacts")
+            task.CopyFrom(apply_history_length(task, params))
+        return page
+
+    def _listed(self, context_id: str) -> list[JobRecord]:
+        """The jobs of this agent the caller may see: a context's (its session's), or the
+        newest `LIST_SCAN` of the caller's tenant (every tenant's without keys)."""
+        scope = self.scope
+        if context_id:
+            session = scope.store.get_session(context_id)
+            if session is None or not scope.caller.owns(session.get("tenant")):
+                return []
+            ids = list(session["jobs"])
+        else:
+            ids = scope.store.list_jobs(limit=LIST_SCAN, tenant=scope.caller.index)
+        return [job for job in scope.store.peek_many(ids, *TASK_FIELDS)
+                if job is not None and job.agent == scope.agent
+                and scope.caller.owns(job.tenant)]
 
     async def on_create_task_push_notification_config(
             self, params: TaskPushNotificationConfig,
