@@ -5,6 +5,10 @@ on loopback (tests/sentinel.py), the API and workers given the `redis+sentinel:/
 - the master killed with jobs in flight: the replica is promoted, every job completes, every
   action has one terminal event, /readyz comes back, and the old master back as a replica
   changes nothing for Cortex (it follows the sentinels, not an address);
+- the master frozen (SIGSTOP: its connections stay open and its kernel still answers TCP,
+  as in a paused VM) with jobs in flight: commands already sent to it time out and are sent
+  again to the promoted replica, and every job completes with each action recorded once and
+  its log's seqs 1..n; woken (SIGCONT), the old master rejoins as a replica;
 - a Redis that is a replica (a plain URL naming it): POST is a 503 that says read-only, and
   so is /readyz;
 - a worker that cannot go on (a read-only broker, a malformed URL) exits non-zero.
@@ -16,6 +20,7 @@ reconciler re-sends what was lost (the `action_redriven` warnings counted below)
 
 from __future__ import annotations
 
+import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,6 +29,9 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from cortex_worker.app import create_app
 from cortex_worker.protocol.events import ACTION_END_EVENTS, TERMINAL_EVENTS
@@ -35,6 +43,7 @@ from tests.integration.test_documents import action, follow, submit
 from tests.sentinel import SentinelCluster, role
 
 JOBS_UNDER_LOAD = 40
+JOBS_FROZEN = 30
 POOLS = {"agent": 2, "tool": 4}
 
 
@@ -144,6 +153,77 @@ def test_the_master_killed_under_load(stack: SentinelStack) -> None:
     events = follow(api, response.json()["id"])
     assert events[-1]["type"] == "job_completed"
     assert all(w.alive for w in stack.workers.values())
+
+
+def test_the_master_frozen_under_load(stack: SentinelStack) -> None:
+    """A master that stops answering without closing its connections: the commands in flight
+    on them (the store's, the workers' BRPOPs, the API's) must not wait for it for good."""
+    cluster, api = stack.cluster, stack.api
+    doc = "".join(action(f"s{i}", "sleep", {"seconds": 0.2}) for i in range(3))
+    jobs = []
+    for _ in range(JOBS_FROZEN):
+        response = submit(api, doc)
+        assert response.status_code == 202, response.text
+        jobs.append(response.json()["id"])
+    harness.wait_until(lambda: job_status(api, jobs[0]) != "queued", timeout=60)
+
+    old = cluster.master_port()
+    assert old is not None
+    frozen = cluster.node(old).process
+    assert frozen is not None
+    frozen.kill(signal.SIGSTOP)
+    stopped, stopped_at = time.monotonic(), time.time()
+    try:
+        new = cluster.wait_failover(old, timeout=120)
+        promoted = time.monotonic() - stopped
+        for job_id in jobs:
+            harness.wait_until(lambda j=job_id: job_status(api, j) in ("completed", "failed",
+                                                                       "cancelled"),
+                               timeout=300, interval=0.2,
+                               message=lambda j=job_id: f"job {j}: {job_status(api, j)}")
+        seen_ended = time.monotonic() - stopped
+        harness.wait_until(lambda: ready(api).status_code == 200, timeout=180, interval=0.2,
+                           message=lambda: f"/readyz: {ready(api).text}")
+        ready_again = time.monotonic() - stopped
+
+        redriven: Counter[str] = Counter()
+        ended_at = []
+        for job_id in jobs:
+            events = stack.store.events_after(job_id)
+            assert job_status(api, job_id) == "completed", events
+            assert [e["seq"] for e in events] == list(range(1, len(events) + 1)), (job_id, events)
+            assert events[-1]["type"] in TERMINAL_EVENTS
+            assert terminal_events(events) == {"s0": 1, "s1": 1, "s2": 1}, (job_id, events)
+            ended_at.append(events[-1]["ts"])
+            redriven.update(e["data"]["kind"] for e in events if e["type"] == "warning"
+                            and e["data"].get("kind", "").endswith("_redriven"))
+        print(f"\nsentinel, master frozen (SIGSTOP), {JOBS_FROZEN} jobs x 3 actions: master "
+              f"{old} -> {new} promoted after {promoted:.1f} s; the last job ended "
+              f"{max(ended_at) - stopped_at:.1f} s after the SIGSTOP (its log's last event; "
+              f"the test saw every job ended after {seen_ended:.1f} s); /readyz 200 after "
+              f"{ready_again:.1f} s; reconciler re-sends: {dict(redriven)}")
+    finally:
+        frozen.kill(signal.SIGCONT)
+    # Woken, the old master is made a replica by the sentinels; the API's event streams read
+    # a replica, so wait until it has synced before the next job.
+    harness.wait_until(lambda: role(old) == "slave" and _in_sync(old), timeout=120,
+                       interval=0.2, message=lambda: f"{old} is {role(old)}, not a synced replica")
+    response = submit(api, action("after", "echo", {"message": "still here"}))
+    assert response.status_code == 202, response.text
+    assert follow(api, response.json()["id"])[-1]["type"] == "job_completed"
+    assert all(w.alive for w in stack.workers.values())
+
+
+def _in_sync(port: int) -> bool:
+    """The replica on `port` has its link to its master up (its first sync done)."""
+    client = redis.Redis(host=harness.LOOPBACK, port=port, socket_connect_timeout=0.5,
+                         socket_timeout=1.0, retry=Retry(NoBackoff(), 0), decode_responses=True)
+    try:
+        return client.info("replication").get("master_link_status") == "up"
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
 
 
 @pytest.fixture
