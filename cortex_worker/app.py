@@ -9,6 +9,7 @@ from cortex_worker.pools import KOMBU_PRIORITY_SEP, NAMES, PRIORITIES, lanes
 from cortex_worker.settings import Settings, get_settings
 from cortex_worker.store.connect import (
     celery_backend_config,
+    celery_backend_socket_config,
     celery_broker_config,
     celery_socket_options,
 )
@@ -77,6 +78,7 @@ def create_app(settings: Settings | None = None) -> Celery:
         },
         result_backend_transport_options={"visibility_timeout": settings.visibility_timeout_s,
                                           **backend_config["result_backend_transport_options"]},
+        **celery_backend_socket_config(settings.redis_url),
         worker_hijack_root_logger=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )

@@ -430,6 +430,21 @@ def celery_backend_config(url: str) -> dict[str, Any]:
             "result_backend_transport_options": target.transport_options()}
 
 
+def celery_backend_socket_config(url: str) -> dict[str, Any]:
+    """The Celery settings that bound the result backend's reads as `celery_socket_options`
+    bounds the broker's (Celery reads them from `app.conf`, not from its transport options;
+    its own read timeout is 120 s): chords join there, and context feeds wait there for
+    `invoke`. A result's wait reads with its own short poll, which the timeout never cuts."""
+    if not is_redis_url(url):
+        return {}
+    config: dict[str, Any] = {"redis_socket_timeout": READ_TIMEOUT_S,
+                              "redis_socket_connect_timeout": CONNECT_TIMEOUT_S,
+                              "redis_backend_health_check_interval": BROKER_HEALTH_CHECK_S}
+    if not url.lower().startswith("unix://"):
+        config["redis_socket_keepalive"] = True
+    return config
+
+
 def celery_socket_options(url: str) -> dict[str, Any]:
     """kombu's Redis transport options that keep the broker's connections off a frozen
     master (to merge into `broker_transport_options`; {} for another broker): a command's

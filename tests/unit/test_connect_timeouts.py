@@ -117,6 +117,21 @@ def test_the_broker_is_bounded_and_checked_often(url: str) -> None:
         "visibility_timeout"]
 
 
+@pytest.mark.parametrize("url", [SENTINEL_URL, PLAIN_URL])
+def test_the_result_backend_is_bounded_too(url: str) -> None:
+    """Celery reads its result backend's socket settings from app.conf (its read timeout is
+    120 s otherwise): chords join there."""
+    app = create_app(Settings(redis_url=url, manifests=TEST_MANIFESTS))
+    assert (app.conf.redis_socket_timeout, app.conf.redis_socket_connect_timeout,
+            app.conf.redis_socket_keepalive, app.conf.redis_backend_health_check_interval) \
+        == (READ_TIMEOUT_S, CONNECT_TIMEOUT_S, True, BROKER_HEALTH_CHECK_S)
+    backend = app.backend.connparams if url == PLAIN_URL else None
+    if backend is not None:  # as the backend connects
+        assert backend["socket_timeout"] == READ_TIMEOUT_S
+        assert backend["socket_keepalive"] is True
+        assert backend["health_check_interval"] == BROKER_HEALTH_CHECK_S
+
+
 def test_another_broker_gets_no_redis_options() -> None:
     assert celery_socket_options("amqp://guest:guest@rabbit:5672//") == {}
     assert "socket_keepalive" not in celery_socket_options("unix:///run/redis.sock")
