@@ -82,6 +82,10 @@ DEFAULT_CONCURRENCY = 2
 #: Environment variable naming a redis-server binary to use instead of the one found.
 REDIS_SERVER_ENV = "CORTEX_TEST_REDIS_SERVER"
 OWNER_ENV = "CORTEX_HARNESS_OWNER"
+#: How long a worker or the API may take to answer once started. Idle, a worker takes 6 to 8 s
+#: of CPU to start (imports, and the MCP servers it lists tools from) and the API about 7 s; in
+#: `make test`, seven parts at once on two cores, an API once took more than 30 s. Only a bound.
+START_TIMEOUT_S = 120.0
 
 _IS_LINUX = sys.platform.startswith("linux")
 _PROC = Path("/proc")
@@ -748,7 +752,7 @@ def _broadcast_pids(app: Any, timeout: float) -> list[tuple[str, int | None]]:
 
 
 def wait_workers_ready(
-    procs: Sequence[Process], env: Mapping[str, str], timeout: float = 60.0,
+    procs: Sequence[Process], env: Mapping[str, str], timeout: float = START_TIMEOUT_S,
     app: Any = None,
 ) -> None:
     """Wait until each worker process answers Celery remote control (a `stats` broadcast, whose
@@ -794,7 +798,7 @@ def start_workers(
     *,
     log_dir: str | os.PathLike[str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
-    timeout: float = 60.0,
+    timeout: float = START_TIMEOUT_S,
     wait: bool = True,
     extra_args: Sequence[str] = (),
 ) -> dict[str, Process]:
@@ -833,8 +837,10 @@ def start_worker(
     return start_workers({pool: concurrency}, env, **kwargs)[pool]
 
 
-def wait_http_ok(url: str, proc: Process | None = None, timeout: float = 30.0) -> None:
-    """Wait until GET `url` answers 200; abort early (with the log tail) if `proc` exits."""
+def wait_http_ok(url: str, proc: Process | None = None, timeout: float = START_TIMEOUT_S,
+                 *, gave_up: Callable[[], str | None] | None = None) -> None:
+    """Wait until GET `url` answers 200; abort early (with the log tail) if `proc` exits, or
+    when `gave_up()` says why it never will (a server that lost its port)."""
     import httpx
 
     last: list[str] = ["no answer"]
@@ -842,6 +848,9 @@ def wait_http_ok(url: str, proc: Process | None = None, timeout: float = 30.0) -
     def ok() -> bool:
         if proc is not None and not proc.alive:
             raise _fail(proc, f"exited with {proc.returncode} before {url} answered 200")
+        reason = gave_up() if gave_up is not None else None
+        if reason and proc is not None:
+            raise _fail(proc, reason)
         try:
             response = httpx.get(url, timeout=1.0)
         except httpx.HTTPError as exc:
@@ -875,7 +884,7 @@ def start_api(
     host: str = LOOPBACK,
     log_dir: str | os.PathLike[str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
-    timeout: float = 30.0,
+    timeout: float = START_TIMEOUT_S,
     extra_args: Sequence[str] = (),
     command: Sequence[str] | None = None,
 ) -> Process:
@@ -891,11 +900,14 @@ def start_api(
                        url=f"http://{host}:{chosen}")
         proc.port = chosen
         try:
-            wait_http_ok(f"{proc.url}/healthz", proc, timeout=timeout)
+            # Another process may take the free port first; the server then says so in its log
+            # and shuts down, while whatever holds the port may answer /healthz (a 404).
+            wait_http_ok(f"{proc.url}/healthz", proc, timeout=timeout,
+                         gave_up=lambda p=proc: "lost its port" if _address_in_use(p) else None)
             return proc
         except BaseException as exc:
             retry = (port is None and attempt < 2 and isinstance(exc, HarnessError)
-                     and not proc.alive and _address_in_use(proc))
+                     and _address_in_use(proc))
             proc.stop()
             if not retry:
                 raise
