@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
-# `make test`: the whole suite, in six pytest processes at once, whose tests mostly wait: on
+# `make test`: the whole suite, in seven pytest processes at once, whose tests mostly wait: on
 # their own subprocesses, on recovery timers, on a model. Beside the integration and process
-# tests run tests/model (a real model on llama.cpp's server: about five minutes of one core),
-# tests/chaos with tests/load (kills, restarts and a two-minute soak: minutes of waiting for
-# timers), the in-process tests with the security tests and the two integration files that
-# start whole stacks (cortex up, cortex demo), the Redis failover files (sentinels, a lagging
-# replica) with the remote A2A agent's, and the protocol adapters' (AG-UI with npm's client,
-# MCP, A2A), which evens the parts out. Their output follows that of the integration and process
-# tests; then the last line of each (pytest's counts and time). Fails if any part failed.
-# Arguments go to every pytest run.
+# tests run tests/model in two parts, each with its own llama.cpp server of one thread (the
+# streamed completions and the 22 agent jobs with the grammar, about five minutes of one core;
+# the grammars and the tool_choice jobs, about three), so that the model's work, which nothing
+# else can speed up, uses both cores once the other parts are done; tests/chaos with tests/load
+# (kills, restarts and a two-minute soak: minutes of waiting for timers), the in-process tests
+# with the security tests and the two integration files that start whole stacks (cortex up,
+# cortex demo), the Redis failover files (sentinels, a lagging replica) with the remote A2A
+# agent's, and the protocol adapters' (AG-UI with npm's client, MCP, A2A), which evens the
+# parts out. Their output follows that of the integration and process tests; then the last line
+# of each (pytest's counts and time). Fails if any part failed. Arguments go to every pytest run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=.venv/bin/python
-beside=(tests/model "tests/chaos tests/load"
+# llama-cpp-python's server seeds each request from the one before, so the agent jobs run after
+# the streamed completions, as in one run of tests/model, and sample what they always did
+streams=tests/model/test_smollm2.py::test_real_token_streams_feed_the_parser
+agent_jobs=tests/model/test_smollm2.py::test_agent_jobs_with_the_grammar_make_no_protocol_errors
+beside=("$streams $agent_jobs" "tests/model --deselect $streams --deselect $agent_jobs"
+        "tests/chaos tests/load"
         "tests/unit tests/engine tests/security tests/integration/test_up.py tests/integration/test_demo.py"
         "tests/integration/test_sentinel.py tests/integration/test_failover.py tests/integration/test_replication.py tests/integration/test_a2a_client.py"
         "tests/integration/test_agui_run.py tests/integration/test_mcp_server.py tests/integration/test_a2a.py")
