@@ -41,6 +41,17 @@ def _client(port: int) -> redis.Redis:
                        socket_timeout=1.0, retry=Retry(NoBackoff(), 0), decode_responses=True)
 
 
+def in_sync(port: int) -> bool:
+    """The replica on `port` has its link to its master up (its first sync done)."""
+    client = _client(port)
+    try:
+        return client.info("replication").get("master_link_status") == "up"
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
 def role(port: int) -> str | None:
     """The `ROLE` of the node on `port` ("master", "slave", "sentinel"), None if it is down."""
     client = _client(port)
@@ -217,7 +228,7 @@ class SentinelCluster:
             upstream = self.proxy.port
         replica = self._server("replica", "--replicaof", harness.LOOPBACK, str(upstream))
         replica.start()
-        harness.wait_until(lambda: self._in_sync(replica.port), timeout=30,
+        harness.wait_until(lambda: in_sync(replica.port), timeout=30,
                            message="the replica did not sync with the master")
         for n in range(SENTINELS):
             self._start_sentinel(n, master.port)
@@ -276,15 +287,6 @@ class SentinelCluster:
             raise harness.HarnessError(f"{proc.name} exited with {proc.returncode}")
         return role(port) == "sentinel"
 
-    @staticmethod
-    def _in_sync(port: int) -> bool:
-        client = _client(port)
-        try:
-            return client.info("replication").get("master_link_status") == "up"
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
 
     def _sentinel_views(self) -> list[dict[str, Any]]:
         views = []
@@ -331,7 +333,7 @@ class SentinelCluster:
         """Start the killed master again on its port (empty: memory only) and wait until the
         sentinels have made it a replica of the new master, in sync."""
         node = self.node(old_port).start()
-        harness.wait_until(lambda: role(old_port) == "slave" and self._in_sync(old_port),
+        harness.wait_until(lambda: role(old_port) == "slave" and in_sync(old_port),
                            timeout=timeout, interval=0.1,
                            message=lambda: f"{old_port} is not a replica: {role(old_port)}")
         return node

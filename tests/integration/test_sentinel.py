@@ -29,9 +29,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from cortex_worker.app import create_app
 from cortex_worker.protocol.events import ACTION_END_EVENTS, TERMINAL_EVENTS
@@ -40,7 +37,7 @@ from cortex_worker.store.state import Store
 from tests import harness
 from tests.integration.conftest import MANIFESTS_DIR
 from tests.integration.test_documents import action, follow, submit
-from tests.sentinel import SentinelCluster, role
+from tests.sentinel import SentinelCluster, in_sync, role
 
 JOBS_UNDER_LOAD = 40
 JOBS_FROZEN = 30
@@ -206,24 +203,12 @@ def test_the_master_frozen_under_load(stack: SentinelStack) -> None:
         frozen.kill(signal.SIGCONT)
     # Woken, the old master is made a replica by the sentinels; the API's event streams read
     # a replica, so wait until it has synced before the next job.
-    harness.wait_until(lambda: role(old) == "slave" and _in_sync(old), timeout=120,
+    harness.wait_until(lambda: role(old) == "slave" and in_sync(old), timeout=120,
                        interval=0.2, message=lambda: f"{old} is {role(old)}, not a synced replica")
     response = submit(api, action("after", "echo", {"message": "still here"}))
     assert response.status_code == 202, response.text
     assert follow(api, response.json()["id"])[-1]["type"] == "job_completed"
     assert all(w.alive for w in stack.workers.values())
-
-
-def _in_sync(port: int) -> bool:
-    """The replica on `port` has its link to its master up (its first sync done)."""
-    client = redis.Redis(host=harness.LOOPBACK, port=port, socket_connect_timeout=0.5,
-                         socket_timeout=1.0, retry=Retry(NoBackoff(), 0), decode_responses=True)
-    try:
-        return client.info("replication").get("master_link_status") == "up"
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
 
 
 @pytest.fixture
