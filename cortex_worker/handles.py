@@ -11,6 +11,7 @@ from cortex_worker.manifests.loader import (
     UnknownModelError,
     load_registry,
 )
+from cortex_worker.services.mcp.listing import shared_listing
 from cortex_worker.settings import get_settings
 from cortex_worker.store.state import Store
 
@@ -26,9 +27,18 @@ def get_store() -> Store:
 @lru_cache(maxsize=1)
 def get_registry() -> Registry:
     """Manifests from `CORTEX_MANIFESTS`, validated once per process (with the `kind: Model`
-    that `CORTEX_DOCUMENT_MODEL` names, if it names one)."""
+    that `CORTEX_DOCUMENT_MODEL` names, if it names one). MCP servers' tools are listed once
+    for the cluster, shared through Redis (`services.mcp.listing`), unless
+    `CORTEX_MCP_LISTING_TTL_S` is 0."""
     settings = get_settings()
-    registry = load_registry(settings.manifests, settings.tool_modules)
+    if settings.mcp_listing_ttl_s > 0:
+        shared = shared_listing(settings.redis_url, settings.mcp_listing_ttl_s)
+        try:
+            registry = load_registry(settings.manifests, settings.tool_modules, shared)
+        finally:
+            shared.redis.close()
+    else:
+        registry = load_registry(settings.manifests, settings.tool_modules)
     if isinstance(settings.document_model, str):  # a name: it must be a Model of these
         try:
             registry.model(settings.document_model)

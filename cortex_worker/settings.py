@@ -118,6 +118,11 @@ class Settings(BaseSettings):
         "an agent manifest's `model`, or the name of a `kind: Model` (checked when the manifests "
         "load); without it documents cannot hold llm actions")
 
+    mcp_listing_ttl_s: float = Field(
+        default=600.0, ge=0, description="how long an MCP server's tool listing is shared "
+        "through Redis by the processes that load the manifests (one listing for the cluster; "
+        "docs/manifests.md#kind-mcpserver); 0: each process asks the servers itself")
+
     http_allow_hosts: list[str] = Field(default_factory=list, description="http_get allow-list")
     tool_modules: Annotated[tuple[str, ...], NoDecode] = Field(
         default=(), description="Python modules whose `@tool` functions are tools "

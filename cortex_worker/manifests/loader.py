@@ -42,6 +42,7 @@ from cortex_worker.agents import output
 from cortex_worker.agents.spec import AgentSpec
 from cortex_worker.errors import CortexError
 from cortex_worker.llm.config import ModelConfig, ModelSpec
+from cortex_worker.services.mcp.listing import Lister, list_here
 from cortex_worker.services.mcp.spec import (
     MCPServerSpec,
     link_mcp_server,
@@ -386,9 +387,14 @@ KINDS: dict[str, Kind] = {
 SECTIONS: dict[str, Kind] = {kind.section: kind for kind in KINDS.values()}
 
 
-def load_registry(directory: Path | None, tool_modules: Sequence[str] = ()) -> Registry:
+def load_registry(directory: Path | None, tool_modules: Sequence[str] = (),
+                  list_mcp_tools: Lister | None = None) -> Registry:
     """Built-in tools plus every manifest under `directory` (None or missing: built-ins only),
-    plus the `@tool` functions of `tool_modules` and of `kind: ToolModule` manifests."""
+    plus the `@tool` functions of `tool_modules` and of `kind: ToolModule` manifests.
+
+    `list_mcp_tools` lists the tools of the MCP servers whose tools are not all pinned
+    (default: ask them from this process; `handles.get_registry` shares the listings through
+    Redis)."""
     registry = Registry()
     for name, spec in BUILTIN_TOOLS.items():
         registry.tools[name] = spec
@@ -420,7 +426,8 @@ def load_registry(directory: Path | None, tool_modules: Sequence[str] = ()) -> R
                 _add_function_tools(registry, [spec.name], _show(path))  # type: ignore[attr-defined]
     with _noting(problems):
         _add_mcp_tools(registry, [(path, where, spec) for kind, path, where, spec in loaded
-                                  if isinstance(spec, MCPServerSpec)])
+                                  if isinstance(spec, MCPServerSpec)],
+                       list_mcp_tools or list_here)
     for kind, path, where, spec in loaded:  # cross-references: every file is loaded now
         if kind.link is None:
             continue
@@ -462,8 +469,8 @@ def _add_function_tools(registry: Registry, modules: Sequence[str], shown: str) 
             _add(registry, KINDS["Tool"], spec, f"{shown} (module {module})", spec.name)
 
 
-def _add_mcp_tools(registry: Registry,
-                   servers: Sequence[tuple[Path, str, MCPServerSpec]]) -> None:
+def _add_mcp_tools(registry: Registry, servers: Sequence[tuple[Path, str, MCPServerSpec]],
+                   list_mcp_tools: Lister) -> None:
     """Add the tools of each MCP server, named `<server>.<tool>`: from its `tools:` pins, and
     from what it answers to `tools/list` unless the pins give every tool's parameters (the
     servers to ask are asked at once; a stdio one is started for that and stopped)."""
@@ -474,14 +481,13 @@ def _add_mcp_tools(registry: Registry,
     listed: dict[str, Any] = {}
     if to_list:
         try:
-            from cortex_worker.services.mcp.client import list_tools
+            listed = list_mcp_tools(to_list)
         except ImportError as exc:
             path, where, _ = next(item for item in linked if needs_listing(item[2]))
             raise ManifestError(
                 f"{_show(path)}: {where}: listing an MCP server's tools needs the MCP SDK "
                 f"({exc}): pip install 'cortex[mcp]', or pin every tool with its parameters "
                 "under tools:") from None
-        listed = list_tools(to_list)
     for path, where, spec in linked:
         answer = listed.get(spec.name)
         if isinstance(answer, Exception):

@@ -1,5 +1,6 @@
-"""MCP servers as tool sources: the manifest, listing tools at load, the relic lifecycle of a
-server in `MCPManager`, cancellation and errors, stdio and streamable HTTP.
+"""MCP servers as tool sources: the manifest, listing tools at load (once for the cluster,
+shared through Redis), the relic lifecycle of a server in `MCPManager`, cancellation and
+errors, stdio and streamable HTTP.
 
 The servers are real processes: tests/mcp_servers/faulty.py (the MCP SDK's MCPServer), which
 crashes, hangs or fails on request. Each start costs about a second, so the manager and the
@@ -8,6 +9,7 @@ HTTP server are shared by the tests of this module.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -23,9 +25,15 @@ import mcp_types as types
 import pytest
 from pydantic import ValidationError
 
-from cortex_worker.manifests.loader import load_registry
+from cortex_worker.manifests.loader import ManifestError, load_registry
 from cortex_worker.services.mcp import client
 from cortex_worker.services.mcp.client import result_value
+from cortex_worker.services.mcp.listing import (
+    FAILURE_TTL_S,
+    SharedListing,
+    listing_key,
+    shared_listing,
+)
 from cortex_worker.services.mcp.manager import MCPManager
 from cortex_worker.services.mcp.spec import MCPServerSpec, needs_listing, tool_name
 from cortex_worker.settings import Settings
@@ -33,12 +41,13 @@ from cortex_worker.tools.context import ToolContext
 from cortex_worker.tools.errors import ToolError, ToolTimeout
 from cortex_worker.tools.runtime import run_tool
 from cortex_worker.tools.spec import queue_for
-from tests.harness import free_port, wait_until
+from tests.harness import RedisServer, free_port, wait_until
 from tests.manifest_helpers import REPO_ROOT, TEST_MANIFESTS, load_error, write
 
 pytestmark = pytest.mark.process
 
 FAULTY = REPO_ROOT / "tests" / "mcp_servers" / "faulty.py"
+CHANGING = REPO_ROOT / "tests" / "mcp_servers" / "changing.py"
 FAULTY_COMMAND = json.dumps([sys.executable, str(FAULTY)])
 PINNED = """
     kind: MCPServer
@@ -194,6 +203,126 @@ def test_the_test_manifests_list_the_time_server() -> None:
     registry = load_registry(TEST_MANIFESTS)
     tool = registry.tools["time.get_current_time"]
     assert tool.runtime == "mcp" and tool.parameters["required"] == ["timezone"]
+
+
+# ---------------------------------------------------------------- listings shared through Redis
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    where = tmp_path_factory.mktemp("listing-redis")
+    with RedisServer(log_dir=where, data_dir=where / "data") as server:
+        yield server.url
+
+
+class CountingLister:
+    """A `Lister` that answers `answer` (slowly, if told) and counts the servers it was asked."""
+
+    def __init__(self, answer: Any = (), delay: float = 0.0) -> None:
+        self.answer, self.delay, self.asked = answer, delay, []
+
+    def __call__(self, servers: Any) -> dict[str, Any]:
+        time.sleep(self.delay)
+        self.asked += [spec.name for spec in servers]
+        answer = self.answer
+        return {spec.name: answer if isinstance(answer, Exception)
+                else [{"name": "pid", "inputSchema": {"type": "object"}}] for spec in servers}
+
+
+def sharing(url: str, lister: CountingLister, ttl: float = 60) -> SharedListing:
+    listing = shared_listing(url, ttl)
+    listing.list_servers = lister
+    return listing
+
+
+def test_one_process_lists_a_server_the_others_read_it(redis_url: str) -> None:
+    spec = MCPServerSpec(name=f"s{time.monotonic_ns()}", command=["srv"])
+    first, second = CountingLister(), CountingLister()
+    assert sharing(redis_url, first)([spec]) == sharing(redis_url, second)([spec])
+    assert (first.asked, second.asked) == ([spec.name], [])
+    ttl = sharing(redis_url, first).redis.pttl(listing_key(spec))
+    assert 50_000 < ttl <= 60_000
+    other = spec.model_copy(update={"command": ["srv", "--other"]})  # another configuration
+    assert listing_key(other) != listing_key(spec)
+    sharing(redis_url, second)([other])
+    assert second.asked == [spec.name]
+
+
+def test_processes_starting_together_list_a_server_once(redis_url: str) -> None:
+    spec = MCPServerSpec(name=f"s{time.monotonic_ns()}", command=["srv"])
+    lister = CountingLister(delay=0.5)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: sharing(redis_url, lister)([spec]), range(4)))
+    assert lister.asked == [spec.name]
+    assert all(answer == answers[0] for answer in answers)
+
+
+def test_a_failed_listing_is_shared_briefly(redis_url: str) -> None:
+    spec = MCPServerSpec(name=f"s{time.monotonic_ns()}", command=["srv"])
+    failing = CountingLister(ToolError("it exited with code 4"), delay=0.3)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda _: sharing(redis_url, failing)([spec])[spec.name],
+                                range(3)))
+    assert failing.asked == [spec.name]
+    assert [str(answer) for answer in answers] == ["it exited with code 4"] * 3
+    listing = sharing(redis_url, failing)
+    assert 0 < listing.redis.ttl(listing_key(spec)) <= FAILURE_TTL_S
+    listing.forget(spec)  # as after FAILURE_TTL_S: the next process asks the server again
+    assert str(listing([spec])[spec.name]) == "it exited with code 4"
+    assert failing.asked == [spec.name] * 2
+
+
+def test_without_redis_a_process_lists_the_servers_itself() -> None:
+    spec = MCPServerSpec(name="s", command=["srv"])
+    lister = CountingLister()
+    assert sharing(f"redis://127.0.0.1:{free_port()}/0", lister)([spec])["s"][0]["name"] == "pid"
+    assert lister.asked == ["s"]
+
+
+def test_loading_the_manifests_reads_the_shared_listing(
+        redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path, "mcp.yaml", f"kind: MCPServer\nname: faulty\ncommand: {FAULTY_COMMAND}\n"
+                                "startup_timeout_s: 29\n")  # a configuration of its own
+    listing = shared_listing(redis_url, 60)
+    assert "faulty.crash" in load_registry(tmp_path, list_mcp_tools=listing).tools
+    client._listed.clear()  # another process: it knows nothing, and starts nothing
+    monkeypatch.setattr(client, "launch", lambda *a: pytest.fail("started again"))
+    registry = load_registry(tmp_path, list_mcp_tools=listing)
+    assert registry.tools["faulty.hang"].parameters["required"] == ["marker"]
+
+
+def test_a_server_that_cannot_list_its_tools_is_the_same_error_from_the_shared_listing(
+        redis_url: str, tmp_path: Path) -> None:
+    command = '["{python}", "-c", "import sys; print(\'bad config\', file=sys.stderr); sys.exit(4)"]'
+    write(tmp_path, "mcp.yaml", f"kind: MCPServer\nname: broken\ncommand: {command}\n")
+    listing = shared_listing(redis_url, 60)
+    errors = []
+    for _ in range(2):  # asked, then read from Redis
+        with pytest.raises(ManifestError) as info:
+            load_registry(tmp_path, list_mcp_tools=listing)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
+    assert errors[0].startswith("mcp.yaml: MCPServer 'broken': cannot list the tools of MCP "
+                                "server 'broken': it exited with code 4; its output ends with:\n"
+                                "bad config")
+
+
+def test_the_relic_pool_refreshes_the_listing_and_drops_it_when_the_tools_change(
+        redis_url: str, tmp_path: Path) -> None:
+    spec = MCPServerSpec(name="changing", command=["{python}", str(CHANGING)])
+    mgr = MCPManager(tmp_path / "mcp")
+    mgr.listing = shared_listing(redis_url, 60)
+    try:
+        key = listing_key(spec)
+        mgr.listing.redis.delete(key)
+        assert mgr.call_tool(spec, "change", {}, 20) == {"result": "changed"}  # connected: published...
+        # ... and the server said its tools changed: dropped (the notification may come after)
+        wait_until(lambda: mgr.listing.redis.get(key) is None, timeout=10)
+        mgr.stop("changing")
+        assert [t["name"] for t in mgr.tools(spec)] == ["change"]  # connected again: published
+        assert json.loads(mgr.listing.redis.get(key))["tools"][0]["name"] == "change"
+    finally:
+        mgr.stop_all()
 
 
 # ---------------------------------------------------------------- results

@@ -1,10 +1,11 @@
 """The MCP client side: start a stdio server, connect (stdio or streamable HTTP), list tools,
 call one; built on the official MCP SDK (`mcp`, asyncio) from threads.
 
-- `list_tools(servers)`: each server's `tools/list`, for the manifest loader. A stdio server
-  is started for this only (in the directory of its manifest, with the same environment as in
-  the relic pool) and stopped; the answer is kept for the life of the process, so loading the
-  manifests again does not start it again.
+- `list_tools(servers)`: each server's `tools/list`, for the manifest loader (through
+  `listing.SharedListing` in the API and the workers: one listing for the cluster). A stdio
+  server is started for this only (in the directory of its manifest, with the same environment
+  as in the relic pool) and stopped; the answer is kept for the life of the process, so
+  loading the manifests again does not start it again.
 - `launch(spec, home, stderr)`: `Popen` of a stdio server in its own session (process group)
   with a minimal environment: PATH (the worker's Python's directory first), LANG, HOME =
   TMPDIR = `home`, and the manifest's `env`. Its stdout and stdin carry MCP; stderr is its log.
@@ -44,7 +45,13 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 
-from cortex_worker.services.mcp.spec import MCPServerSpec, command_argv, server_env, server_headers
+from cortex_worker.services.mcp.spec import (
+    MCPServerSpec,
+    command_argv,
+    config_key,
+    server_env,
+    server_headers,
+)
 from cortex_worker.services.pool import STOP_GRACE_S, kill_group, unreaped
 from cortex_worker.services.relics.manager import RELIC_PATH
 from cortex_worker.tools.attempt import current
@@ -241,11 +248,18 @@ async def _pipes(proc: subprocess.Popen[bytes]) -> AsyncIterator[tuple[Any, Any]
 
 
 @contextlib.asynccontextmanager
-async def connect(spec: MCPServerSpec, proc: subprocess.Popen[bytes] | None,
-                  timeout: float) -> AsyncIterator[tuple[ClientSession, list[dict[str, Any]]]]:
+async def connect(spec: MCPServerSpec, proc: subprocess.Popen[bytes] | None, timeout: float,
+                  on_tools_changed: Callable[[], None] | None = None,
+                  ) -> AsyncIterator[tuple[ClientSession, list[dict[str, Any]]]]:
     """An initialized session with the server and its tools (`tools/list`, every page): over
     the started process `proc` (stdio) or `spec.url` (streamable HTTP). TimeoutError when
-    initializing and listing take longer than `timeout`."""
+    initializing and listing take longer than `timeout`. `on_tools_changed` is called (in a
+    thread) when the server sends `notifications/tools/list_changed`."""
+
+    async def notified(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification) and on_tools_changed:
+            await anyio.to_thread.run_sync(on_tools_changed)
+
     async with contextlib.AsyncExitStack() as stack:
         if proc is not None:
             read, write = await stack.enter_async_context(_pipes(proc))
@@ -256,7 +270,7 @@ async def connect(spec: MCPServerSpec, proc: subprocess.Popen[bytes] | None,
             read, write = await stack.enter_async_context(
                 streamable_http_client(spec.url, http_client=http))
         session = await stack.enter_async_context(
-            ClientSession(read, write, client_info=CLIENT_INFO))
+            ClientSession(read, write, client_info=CLIENT_INFO, message_handler=notified))
         with anyio.fail_after(timeout):
             await session.initialize()
             tools = await _list_all(session)
@@ -296,9 +310,12 @@ def describe(exc: BaseException) -> str:
 class Connection:
     """One initialized session with a server, held open by a task of the MCP event loop."""
 
-    def __init__(self, spec: MCPServerSpec, proc: subprocess.Popen[bytes] | None) -> None:
+    def __init__(self, spec: MCPServerSpec, proc: subprocess.Popen[bytes] | None,
+                 on_tools_changed: Callable[[], None] | None = None) -> None:
         self.spec = spec
         self.proc = proc
+        self.on_tools_changed = on_tools_changed
+        """Called (in a thread) when the server says its tools changed."""
         self.session: ClientSession | None = None
         self.tools: list[dict[str, Any]] = []
         self.broken: str | None = None
@@ -329,7 +346,8 @@ class Connection:
 
     async def _hold(self, ready: concurrent.futures.Future[None], timeout: float) -> None:
         try:
-            async with connect(self.spec, self.proc, timeout) as (session, tools):
+            async with connect(self.spec, self.proc, timeout,
+                               self.on_tools_changed) as (session, tools):
                 self.session, self.tools = session, tools
                 ready.set_result(None)
                 await self._closing.wait()
@@ -446,11 +464,6 @@ _listed: dict[str, list[dict[str, Any]]] = {}
 _listed_lock = threading.Lock()
 
 
-def _key(spec: MCPServerSpec) -> str:
-    return json.dumps([spec.command, str(spec.workdir) if spec.command else None, spec.env,
-                       spec.url, spec.headers, spec.startup_timeout_s], sort_keys=True)
-
-
 def list_tools(servers: Sequence[MCPServerSpec]) -> dict[str, list[dict[str, Any]] | Exception]:
     """Each server's tools (`tools/list`), or the exception saying why they cannot be listed.
 
@@ -460,8 +473,8 @@ def list_tools(servers: Sequence[MCPServerSpec]) -> dict[str, list[dict[str, Any
     todo = []
     with _listed_lock:
         for spec in servers:
-            if _key(spec) in _listed:
-                results[spec.name] = _listed[_key(spec)]
+            if config_key(spec) in _listed:
+                results[spec.name] = _listed[config_key(spec)]
             else:
                 todo.append(spec)
     if not todo:
@@ -491,7 +504,7 @@ def list_tools(servers: Sequence[MCPServerSpec]) -> dict[str, list[dict[str, Any
         else:
             results[spec.name] = answer
             with _listed_lock:
-                _listed[_key(spec)] = answer
+                _listed[config_key(spec)] = answer
     return results
 
 

@@ -17,6 +17,9 @@ server one process, with the pool's lifecycle:
   shutdown. Pid records under `<root>/pids` let the next manager kill what a worker killed by
   SIGKILL left running.
 
+A server's `tools/list` answer, on each connection, refreshes the listing shared through Redis
+(`listing.SharedListing.publish`), and `notifications/tools/list_changed` drops it.
+
 What it adds: `call_tool`. A call's timeout (the action's, capped by the server's or the
 tool's `timeout`) and a cancelled action reach the server as `notifications/cancelled`; an
 `isError` result or a protocol error fails the action with the server's message.
@@ -40,6 +43,7 @@ from cortex_worker.services.mcp.client import (
     launch,
     result_value,
 )
+from cortex_worker.services.mcp.listing import SharedListing
 from cortex_worker.services.mcp.spec import MCPServerSpec
 from cortex_worker.services.pool import Instance, ServicePool
 from cortex_worker.tools.errors import ToolError, ToolTimeout
@@ -62,6 +66,19 @@ class MCPManager(ServicePool[MCPServerSpec, MCPInstance]):
     """Connections to MCP servers, by name, with the pool's lifecycle; thread-safe."""
 
     kind = "MCP server"
+    listing: SharedListing | None = None
+    """Where the cluster's tool listings are shared (`run_mcp_tool` sets it): refreshed when a
+    server is connected to, dropped when it says its tools changed."""
+
+    def _tools_changed(self, spec: MCPServerSpec) -> None:
+        log.info("MCP server %s: its tools changed (notifications/tools/list_changed); they "
+                 "are listed again when the manifests next load", spec.name)
+        if self.listing is not None:
+            try:
+                self.listing.forget(spec)
+            except Exception as exc:
+                log.warning("MCP server %s: its shared listing cannot be dropped: %s",
+                            spec.name, exc)
 
     def call_tool(self, spec: MCPServerSpec, tool: str, arguments: Mapping[str, Any],
                   timeout: float, cancelled: Cancelled | None = None) -> Any:
@@ -109,7 +126,7 @@ class MCPManager(ServicePool[MCPServerSpec, MCPInstance]):
         inst = MCPInstance(spec, proc, log_path, offset, self._pid_file(spec.name))
         if inst.stdio:
             self._record(inst)
-        connection = Connection(spec, proc)
+        connection = Connection(spec, proc, on_tools_changed=lambda: self._tools_changed(spec))
         try:
             connection.open(spec.startup_timeout_s)
         except ToolError as exc:
@@ -120,6 +137,11 @@ class MCPManager(ServicePool[MCPServerSpec, MCPInstance]):
                                 f"starting (command {spec.command}){self._tail(inst)}") from None
             raise type(exc)(f"{exc}{self._tail(inst) if inst.stdio else ''}") from None
         inst.connection = connection
+        if self.listing is not None:  # the cluster's listing, fresh from this session
+            try:
+                self.listing.publish(spec, connection.tools)
+            except Exception as exc:  # only a cache: the call goes on
+                log.debug("MCP server %s: listing not shared: %s", spec.name, exc)
         log.info("MCP server %s started (%s, %d tools)", spec.name,
                  f"pid {inst.pid}" if inst.stdio else spec.url, len(connection.tools))
         return inst

@@ -11,6 +11,7 @@ the tool lists that `cortex_worker.services.mcp.client.list_tools` fetched when 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -185,6 +186,12 @@ def link_mcp_server(spec: MCPServerSpec, path: Path) -> MCPServerSpec:
     linked = spec.model_copy()
     linked._base_dir = path.parent.resolve()
     return linked
+
+
+def config_key(spec: MCPServerSpec) -> str:
+    """What a server's tool listing depends on, as one string (the key of a kept listing)."""
+    return json.dumps([spec.command, str(spec.workdir) if spec.command else None, spec.env,
+                       spec.url, spec.headers, spec.startup_timeout_s], sort_keys=True)
 
 
 def needs_listing(spec: MCPServerSpec) -> bool:

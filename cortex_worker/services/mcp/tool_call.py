@@ -11,6 +11,7 @@ from typing import Any
 
 from cortex_worker.handles import get_registry, get_store
 from cortex_worker.services.mcp.client import Cancelled
+from cortex_worker.services.mcp.listing import shared_listing
 from cortex_worker.services.mcp.manager import MCPManager
 from cortex_worker.services.mcp.spec import MCPServerSpec, tool_name
 from cortex_worker.services.pool import service_pools
@@ -30,6 +31,8 @@ def run_mcp_tool(spec: ToolSpec, params: dict[str, Any], ctx: ToolContext) -> An
     if server is None:
         raise ToolError(f"tool {spec.name!r}: no MCP server named {spec.server!r} is declared")
     manager = service_pools().get(MCPManager, ctx.settings.workspace_root / "mcp")
+    if manager.listing is None and ctx.settings.mcp_listing_ttl_s > 0:
+        manager.listing = shared_listing(ctx.settings.redis_url, ctx.settings.mcp_listing_ttl_s)
     return manager.call_tool(server, tool_name(spec), params, ctx.timeout,
                              cancelled=action_ended(ctx))
 
