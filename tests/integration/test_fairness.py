@@ -7,7 +7,16 @@ whole pool; and a task sent again after its worker died stays in its tenant's la
 The stack here is its own (Redis, an agent worker, a tool worker with 2 slots, an API with two
 tenants' keys): the session's tool pool has 4 slots, and these tests kill a worker. Nothing is
 asserted about durations: only the ORDER of timestamps the workers record (`action_started`,
-`action_completed`, a job's last event), all taken on this machine's clock.
+`action_completed`, a job's last event), all taken on this machine's clock, and what waits in
+the lanes at a moment the test holds still.
+
+A backlog is built before the pool takes any of it, whatever the load: two jobs whose action
+runs until the test releases it (`held`) fill the pool's two slots first. A worker whose slots
+are all taken asks the broker for nothing (its prefetch is its 2 slots and it acknowledges a
+message when the task ends, so kombu sends no `BRPOP` while 2 are unacknowledged): whatever is
+submitted then waits, all of it, in the lanes, where the test counts it. The worker stays
+alive and beating meanwhile (a SIGSTOPped one would hold a `BRPOP` in flight that takes one
+message nobody records, and the reconciler would send that one again after its grace period).
 
 That messages go to the tenant's lane is tested in-process in tests/engine/test_fairness.py."""
 
@@ -18,16 +27,16 @@ import json
 import secrets
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import redis
 
 from cortex_api.client import Client, JobOptions
-from cortex_worker.pools import LANES, lanes
+from cortex_worker.pools import LANES, broker_lists, lanes
 from cortex_worker.protocol.events import Event
-from cortex_worker.store.keys import TENANT_LANES
+from cortex_worker.store.keys import TENANT_LANES, job_keys
 from tests import harness
 
 TOOL_SLOTS = 2
@@ -35,12 +44,27 @@ KEYS = {"acme": "acme-" + secrets.token_urlsafe(24), "globex": "globex-" + secre
 TERMINAL = {"job_completed", "job_failed", "job_cancelled"}
 FLOOD = 60  # acme's jobs
 LIGHT = 2  # globex's
+BACKGROUND = 30  # acme's background jobs, queued behind its urgent ones
 SLEEP_S = 0.25  # each job: one `sleep` tool action
+RELEASED = "released"  # the file, in a held job's workspace, that ends its action
+SETTLE_S = 120.0  # a bound on waiting for a state that must come (not a measure of anything)
 
 
 def sleeper(seconds: float, ident: str = "s") -> str:
     body = json.dumps({"name": "sleep", "parameters": {"seconds": seconds}})
     return f'<action type="tool" mode="async" id="{ident}">{body}</action><response>done</response>'
+
+
+def held() -> str:
+    """A document whose one tool action (a sandboxed python snippet, on the tool pool) runs
+    until the test releases it (`Stack.release`): it holds a slot for as long as the test says,
+    a state to wait for rather than an instant to catch."""
+    code = ("import os, time\n"
+            f"while not os.path.exists({RELEASED!r}):\n"
+            "    time.sleep(0.02)\n"
+            f"{RELEASED!r}\n")
+    body = json.dumps({"name": "python", "parameters": {"code": code}})
+    return f'<action type="tool" mode="async" id="h">{body}</action><response>done</response>'
 
 
 @dataclass
@@ -50,6 +74,8 @@ class Stack:
     redis: redis.Redis
     log_dir: Path
     tool: harness.Process
+    workspaces: Path  # CORTEX_WORKSPACE_ROOT: a job's workspace is <it>/<job id>
+    held: list[str] = field(default_factory=list)  # `held` jobs not released yet
 
     def client(self, tenant: str) -> Client:
         return Client(self.url, api_key=KEYS[tenant])
@@ -57,6 +83,25 @@ class Stack:
     def lane_lengths(self, pool: str) -> dict[str, int]:
         """The messages waiting in each lane of `pool` that has any."""
         return {q: n for q in lanes(pool) if (n := int(self.redis.llen(q)))}
+
+    def queued(self, pool: str) -> int:
+        """The messages waiting in all of `pool`'s lanes, at every priority."""
+        pipe = self.redis.pipeline(transaction=False)
+        for name in broker_lists(pool):
+            pipe.llen(name)
+        return sum(pipe.execute())
+
+    def logged(self, job: str) -> list[Event]:
+        """The job's event log so far, read from its Redis stream (`follow` waits for its end)."""
+        return [Event.model_validate_json(fields["e"])
+                for _, fields in self.redis.xrange(job_keys(job).events)]
+
+    def release(self, *jobs: str) -> None:
+        """End the action of each `held` job: the file it waits for, in its workspace."""
+        for job in jobs:
+            workspace = self.workspaces / job
+            workspace.mkdir(parents=True, exist_ok=True)
+            (workspace / RELEASED).touch()
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +114,8 @@ def stack(cortex_env: dict[str, str], harness_dir: Path) -> Iterator[Stack]:
                                         cwd=log_dir)
         api = harness.start_api(env, log_dir=log_dir, cwd=log_dir)
         client = server.client(decode_responses=True)
-        running = Stack(env, api.url or "", client, log_dir, workers["tool"])
+        running = Stack(env, api.url or "", client, log_dir, workers["tool"],
+                        Path(env["CORTEX_WORKSPACE_ROOT"]).resolve())
         try:
             yield running
         finally:
@@ -114,43 +160,100 @@ def most_at_once(logs: list[list[Event]]) -> int:
     return peak
 
 
+def hold(stack: Stack, tenant: str, count: int) -> list[str]:
+    """Submit `count` `held` jobs as `tenant`; the `released` fixture ends them all after the
+    test, whatever happened."""
+    jobs = submit_all(stack, tenant, held(), count)
+    stack.held.extend(jobs)
+    return jobs
+
+
+@pytest.fixture(autouse=True)
+def released(stack: Stack) -> Iterator[None]:
+    """Every held job of the test released at its end, so that none holds a slot of the next."""
+    try:
+        yield
+    finally:
+        stack.release(*stack.held)
+        stack.held.clear()
+
+
+def wait_running(stack: Stack, jobs: list[str]) -> None:
+    """Until each job's action has started (a held one then runs until released)."""
+    def running() -> bool:
+        return all(of(stack.logged(job), "action_started") for job in jobs)
+
+    harness.wait_until(running, timeout=SETTLE_S, interval=0.05, message=lambda: (
+        "not all running: " + ", ".join(f"{job}: {[e.type for e in stack.logged(job)]}"
+                                        for job in jobs) + f"\n{stack.tool.describe()}"))
+
+
+def wait_queued(stack: Stack, count: int) -> None:
+    """Until `count` messages wait in the tool pool's lanes (at every priority). While held
+    jobs fill the pool, nothing takes them: the count then only grows, to exactly `count`."""
+    harness.wait_until(lambda: stack.queued("tool") >= count, timeout=SETTLE_S, interval=0.05,
+                       message=lambda: f"{stack.queued('tool')} of {count} messages queued")
+    assert stack.queued("tool") == count, stack.lane_lengths("tool")
+
+
+def fill_pool(stack: Stack, tenant: str) -> list[str]:
+    """Both slots of the tool pool taken by `tenant`'s held jobs, running: from now until they
+    are released the worker takes nothing more (see the module's docstring)."""
+    assert stack.queued("tool") == 0, stack.lane_lengths("tool")
+    gates = hold(stack, tenant, TOOL_SLOTS)
+    wait_running(stack, gates)
+    return gates
+
+
+def started(events: list[Event]) -> float:
+    return of(events, "action_started")[0].ts
+
+
+def completed(events: list[Event]) -> float:
+    return of(events, "action_completed")[0].ts
+
+
 def test_a_light_tenant_is_not_stuck_behind_another_tenants_flood(stack: Stack) -> None:
-    """acme floods the 2-slot tool pool with 60 jobs, then globex submits 2: globex's jobs go
-    next, not after acme's backlog (which, FIFO, they did: issue 30, all 240 of acme's before
-    globex's first)."""
+    """acme floods the 2-slot tool pool: 2 of its jobs run (held by the test) while its next 60
+    wait; then globex submits 2. As slots free, globex's jobs go next, not after acme's backlog
+    (which, FIFO, they did: issue 30, all 240 of acme's before globex's first)."""
+    gates = fill_pool(stack, "acme")
     acme = submit_all(stack, "acme", sleeper(SLEEP_S), FLOOD, threads=4)
-    backlog = sum(stack.lane_lengths("tool").values())  # a look, for the message below
-    globex = submit_all(stack, "globex", sleeper(SLEEP_S), LIGHT)
-    logs = {job: follow(stack, "acme", job) for job in acme}
-    logs |= {job: follow(stack, "globex", job) for job in globex}
-    for job, events in logs.items():
-        assert events[-1].type == "job_completed", (job, events[-1])
+    globex = hold(stack, "globex", LIGHT)  # held too: the moment both run is a state
+    wait_queued(stack, FLOOD + LIGHT)  # every one of them waits: none was taken
 
     lane = {t: int(stack.redis.hget(TENANT_LANES, t) or -1) for t in KEYS}
     assert 0 < lane["acme"] < LANES and 0 < lane["globex"] < LANES
     assert lane["acme"] != lane["globex"], lane
+    acme_lane, globex_lane = lanes("tool")[lane["acme"]], lanes("tool")[lane["globex"]]
+    assert stack.lane_lengths("tool") == {acme_lane: FLOOD, globex_lane: LIGHT}
 
-    def ended(job: str) -> float:
-        return logs[job][-1].ts
+    # The worker takes from the lanes in turn: each BRPOP lists them in its round-robin order
+    # and the lane it took from goes to the end. acme's lane was the last taken from (the
+    # gates), so as the gates end it takes globex's first job, then acme's first, then
+    # globex's second: globex's second is taken once acme's first has ended (globex's first
+    # holds the other slot). Then both slots hold globex's held jobs and the worker takes
+    # nothing more: exactly FLOOD - 1 of acme's wait, and none of globex's. FIFO, globex's
+    # would not have run before all 60 of acme's.
+    stack.release(*gates)
+    wait_running(stack, globex)
+    waiting = stack.lane_lengths("tool")
+    assert waiting == {acme_lane: FLOOD - 1}, (
+        f"with globex's {LIGHT} jobs running, {waiting} wait (expected {FLOOD - 1} of acme's)")
+    stack.release(*globex)
 
-    def started(job: str) -> float:
-        return of(logs[job], "action_started")[0].ts
-
-    globex_queued = min(of(logs[job], "job_queued")[0].ts for job in globex)
-    globex_done = max(ended(job) for job in globex)
-    # acme's jobs still waiting for a slot when globex arrived: the flood really queued up
-    waiting = [job for job in acme if started(job) > globex_queued]
-    assert len(waiting) >= FLOOD // 2, (
-        f"only {len(waiting)} of acme's {FLOOD} jobs were still waiting when globex submitted "
-        f"(tool lanes then: {backlog} messages): the flood did not queue up")
-    # of those, only the few taken in turn with globex's (2 slots, one lane after the other)
-    # ended before globex's last job did; FIFO, all of them would have
-    overtook = [job for job in waiting if ended(job) < globex_done]
-    assert len(overtook) <= 2 * TOOL_SLOTS, (
-        f"{len(overtook)} of acme's {len(waiting)} waiting jobs ended before globex's last")
-    behind = [job for job in acme if ended(job) > globex_done]
-    assert len(behind) > 40, f"only {len(behind)} of acme's {FLOOD} jobs ended after globex's"
-    # the tool pool stayed full all along: fairness costs no slot
+    logs = {job: follow(stack, "acme", job) for job in gates + acme}
+    logs |= {job: follow(stack, "globex", job) for job in globex}
+    for job, events in logs.items():
+        assert events[-1].type == "job_completed", (job, events[-1])
+    # the same, from the workers' own records: one of acme's started before globex's last,
+    # and ended before it started (it freed the slot); the others started after both of
+    # globex's had (each took a slot one of globex's had freed)
+    globex_started = max(started(logs[job]) for job in globex)
+    before = [job for job in acme if started(logs[job]) < globex_started]
+    assert len(before) == 1, f"{len(before)} of acme's jobs started before globex's last"
+    assert completed(logs[before[0]]) < globex_started, logs[before[0]]
+    # the tool pool was full (both slots in use: globex's two ran at once) and never more
     assert most_at_once(list(logs.values())) == TOOL_SLOTS
 
 
@@ -159,22 +262,27 @@ def test_a_tenants_urgent_jobs_go_before_its_background_ones(
     """acme queues 30 background jobs (priority 9), then 2 urgent ones (the default, 0): the
     urgent ones go next, before its queued background work. (That a priority orders only its
     tenant's own lane is the worker's lane-by-lane BRPOP: tests/unit/test_kombu_fixes.py.)"""
-    background = submit_all(stack, "acme", sleeper(SLEEP_S), 30, threads=3, priority=9)
-    urgent = submit_all(stack, "acme", sleeper(SLEEP_S), 2)
-    logs = {job: follow(stack, "acme", job) for job in background + urgent}
+    gates = fill_pool(stack, "acme")
+    background = submit_all(stack, "acme", sleeper(SLEEP_S), BACKGROUND, threads=3,
+                            priority=9)
+    urgent = hold(stack, "acme", 2)  # held: the moment both run is a state
+    wait_queued(stack, BACKGROUND + len(urgent))  # every one of them waits: none was taken
+
+    # One lane, acme's; each BRPOP lists its priorities in order (0 first), so as the gates
+    # end the worker takes the two urgent jobs, one per freed slot, and then nothing more
+    # while they run: all the background jobs still wait.
+    stack.release(*gates)
+    wait_running(stack, urgent)
+    assert stack.queued("tool") == BACKGROUND, stack.lane_lengths("tool")
+    stack.release(*urgent)
+
+    logs = {job: follow(stack, "acme", job) for job in gates + background + urgent}
     assert all(events[-1].type == "job_completed" for events in logs.values())
-
-    def started(events: list[Event]) -> float:
-        return of(events, "action_started")[0].ts
-
-    urgent_queued = min(of(logs[job], "job_queued")[0].ts for job in urgent)
+    # the same, from the workers' own records: every background job started after both urgent
+    # ones had (each took a slot an urgent one had freed)
     urgent_started = max(started(logs[job]) for job in urgent)
-    waiting = [job for job in background if started(logs[job]) > urgent_queued]
-    assert len(waiting) >= 15, f"only {len(waiting)} background jobs were still queued"
-    overtook = [job for job in waiting if started(logs[job]) < urgent_started]
-    assert len(overtook) <= 2 * TOOL_SLOTS, (
-        f"{len(overtook)} of acme's {len(waiting)} queued background jobs started before its "
-        "urgent ones")
+    overtook = [job for job in background if started(logs[job]) < urgent_started]
+    assert not overtook, f"{len(overtook)} background jobs started before acme's urgent ones"
 
 
 def test_a_tenant_alone_gets_the_whole_pool(stack: Stack) -> None:
