@@ -13,7 +13,9 @@ The faults, while the waves are submitted: the `tool`, `llm` and `relic` workers
 (the whole process group) in turn and replaced, one kill every few seconds (`Killer`); the
 agent worker (while a coordinator streams a turn), Redis (SIGTERM, the append-only file
 flushed; started again on the same port and data dir) and the API (SIGKILL) are each killed
-and started again once; the last fault kills the tool worker in the middle of a `sleep`. A
+and started again once; the last fault kills the tool worker in the middle of an action (the
+last wave's `held_job`: a python tool call that runs until the test releases it, so the kill
+finds it under way whatever the load, and it is released once the worker is dead). A
 worker that dies on its own (a Redis restart may crash one) is replaced too, and counted.
 Meanwhile the tool worker, then the agent worker, are paused (SIGSTOP: a GC pause, a frozen
 VM, a partition) for longer than a heartbeat lives, with a spare worker started beside them,
@@ -60,11 +62,11 @@ from tests.fake_llm import Turn
 WAVE = (9, 9, 3, 2)
 #: Seconds after the first wave: a one-off fault (or none), then the next wave is submitted.
 #: At "end" the killer stops (after the kill under way), the last wave is submitted, and the
-#: last fault is a kill of the tool worker while it runs a `sleep` of that wave: the time from
-#: it to the last completion is the time to recover work lost mid-action.
+#: last fault is a kill of the tool worker while it runs that wave's held action (`held_job`): the
+#: time from it to the last completion is the time to recover work lost mid-action.
 SCHEDULE: list[tuple[float, str | None]] = [
     (0.0, None), (5.0, "agent"), (12.0, "redis"), (19.0, "api"), (26.0, "end")]
-SLEEPS = {"n": {"a"}, "sp": {"p1", "q2"}}  # the `sleep` actions of each document shape
+RELEASED = "released"  # the file, in the held job's workspace, that ends its action
 KILLED_POOLS = ("tool", "llm", "relic")  # killed in turn, again and again
 #: Seconds after the first wave: a pool's worker is paused, for PAUSE_S (its heartbeat lives
 #: 10 s; the reconciler passes every 5 s), then woken.
@@ -73,6 +75,10 @@ PAUSE_S = 16.0
 KILL_GAP_S = 1.0  # between one replacement worker being ready and the next kill
 REDIS_DOWN_S, API_DOWN_S = 1.0, 0.5
 SETTLE_S = 120.0  # after the last fault, every job must have ended within this
+#: The longest a kill waits for its moment: a bound, not a measure. Each moment is a state
+#: that lasts until the kill has been made (a turn held mid-thought, an action held running),
+#: so a loaded machine only makes it come later, never pass unseen.
+MOMENT_S = SETTLE_S
 RELIC_EVERY = 4  # every 4th series-parallel document calls the echo relic
 TERMINAL_ACTION_EVENTS = {"action_completed", "action_failed", "action_skipped",
                           "action_cancelled"}
@@ -194,9 +200,31 @@ def workflow(tag: str, x: int, canvas: bool) -> Job:
                {"label": "sum", "total": 2 * x + 1, "copy": 2 * x, "text": f"x={x}"})
 
 
+def held_job(tag: str) -> Job:
+    """One tool action (a sandboxed python call, on the tool pool) that runs until the file
+    RELEASED exists in its workspace (`release`): attempt 1 is still running when the test
+    kills its worker, whenever that comes, and the attempt sent again after the kill finds the
+    file there and ends at once."""
+    code = ("import os, time\n"
+            f"while not os.path.exists({RELEASED!r}):\n"
+            "    time.sleep(0.02)\n"
+            f"{RELEASED!r}\n")
+    doc = action("h", "python", {"code": code}) + "<response>$h.result</response>"
+    return Job(tag, "held", {"protocol": doc}, {"h": {"stdout": "", "result": RELEASED}},
+               RELEASED)
+
+
+def release(stack: Stack, job: Job) -> None:
+    """End the held job's action: the file it waits for, in its workspace."""
+    workspace = Path(stack.env["CORTEX_WORKSPACE_ROOT"]).resolve() / job.id
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / RELEASED).touch()
+
+
 def make_waves(llm: ChaosLLM, rng: random.Random, hold: threading.Event) -> list[list[Job]]:
     """The jobs of each wave; the agents of the wave whose fault is the agent worker's kill
-    hold their first thought with `hold`."""
+    hold their first thought with `hold`, and the last wave has a `held_job`, the last
+    fault's."""
     waves: list[list[Job]] = []
     count = 0
     ns, sps, agents, flows = WAVE
@@ -212,6 +240,8 @@ def make_waves(llm: ChaosLLM, rng: random.Random, hold: threading.Event) -> list
         wave += [agent(f"w{number}ag{i}", llm, held) for i in range(agents)]
         wave += [workflow(f"w{number}wf{i}", 10 * number + i, canvas=i % 2 == 0)
                  for i in range(flows)]
+        if SCHEDULE[number][1] == "end":
+            wave.append(held_job(f"w{number}held"))
         rng.shuffle(wave)
         waves.append(wave)
     return waves
@@ -237,7 +267,7 @@ class Faults:
         """Kill the pool's worker (once `when()` is true, if given) and start another;
         returns what `when` returned."""
         with self.lock:
-            found = harness.wait_until(when, timeout=60, interval=0.02,
+            found = harness.wait_until(when, timeout=MOMENT_S, interval=0.02,
                                        message=f"{pool}: the moment to kill never came") \
                 if when is not None else None
             self.stack.kill_worker(pool)
@@ -408,21 +438,24 @@ def check(job: Job, record: dict[str, Any], log: list[dict[str, Any]]) -> list[s
     return problems
 
 
-def sleeping(stack: Stack, jobs: list[Job]) -> str | None:
-    """An action (`job id:action id`) of `jobs` that is a `sleep` under way on a tool worker."""
-    for job in jobs:
-        log = stack.events(job.id)
-        ids = SLEEPS.get(job.shape, set())
-        started = {e["data"]["action_id"] for e in log if e["type"] == "action_started"}
-        ended = {e["data"]["action_id"] for e in log if e["type"] in TERMINAL_ACTION_EVENTS}
-        under_way = (started - ended) & ids
-        if under_way:
-            return f"{job.id}:{min(under_way)}"
+def holding(stack: Stack, job: Job) -> str | None:
+    """`job id:h` once the held job's action runs on the tool worker (attempt 1 started, not
+    ended): a state that lasts until it is released, so the kill cannot miss it."""
+    log = stack.events(job.id)
+    started = [e for e in log if e["type"] == "action_started" and e["data"]["action_id"] == "h"]
+    ended = [e for e in log if e["type"] in TERMINAL_ACTION_EVENTS
+             and e["data"].get("action_id") == "h"]
+    if started and not ended:
+        assert started[0]["data"]["attempt"] == 1, started
+        return f"{job.id}:h"
     return None
 
 
 def streaming(stack: Stack, jobs: list[Job]) -> str | None:
-    """An agent job of `jobs` whose coordinator is streaming a thought right now."""
+    """An agent job of `jobs` whose coordinator is streaming a thought right now: one of the
+    wave's agents, whose first thought stops mid-way until `hold` is set (after the kill), so
+    once reached the moment lasts (the fake server's `HOLD_TIMEOUT_S`, 60 s, is only its
+    safety net)."""
     for job in jobs:
         if job.shape == "agent":
             log = stack.events(job.id)
@@ -494,7 +527,7 @@ def test_load_under_faults(stack: Stack) -> None:
             elif fault == "end":  # the pauses end first: the last wave's sleeps are to come
                 killer.stop()
                 pauser.finish()
-                # one tool worker again, so that the last fault finds a sleep under way
+                # one tool worker again, so that the last fault finds the held action on it
                 harness.stop_all(processes=faults.woken)
             if fault == "agent":  # the killer waits: this kill must come while a turn streams
                 with faults.lock:
@@ -510,7 +543,11 @@ def test_load_under_faults(stack: Stack) -> None:
     finally:
         killer.stop()
         pauser.finish()
-    victim = faults.kill_worker("tool", lambda: sleeping(stack, waves[-1]))
+    (last_held,) = [job for job in waves[-1] if job.shape == "held"]
+    try:
+        victim = faults.kill_worker("tool", lambda: holding(stack, last_held))
+    finally:
+        release(stack, last_held)  # attempt 1 died with its worker; attempt 2 ends at once
     last_fault = faults.last
     ended = wait_all(stack, jobs, faults, SETTLE_S)
 
