@@ -21,6 +21,8 @@ from cortex_worker.actions.call import Call, ChildJob, Deferred
 from cortex_worker.actions.table import ACTION_TYPES, runner_of
 from cortex_worker.errors import SubmitError
 from cortex_worker.handles import get_registry, get_store
+from cortex_worker.llm import limits
+from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.stream import ModelError
 from cortex_worker.observability import tracing
 from cortex_worker.plan import canvas
@@ -94,6 +96,12 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
         spec = store.spec(job_id, action_id)
         if spec is None:
             return "stop"  # the job has expired
+    wait = model_wait(store, job_id, spec)
+    if wait is not None:  # nothing is claimed: it comes back when its endpoint takes requests
+        if again is not None:
+            again(wait)  # a canvas step keeps its place in its chain (its task retries)
+        dispatch.send(job_id, [spec], countdown=wait)
+        return "waiting"
     timeout = action_timeout(spec)
     lease = timeout + LEASE_GRACE_S
     caps = gates(job_id, spec)
@@ -129,6 +137,25 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
         # holder had (a redelivered task): that delivery gives them back when it ends
         if state != "busy":
             _give_back(store, taken, holder)
+
+
+def model_wait(store: Store, job_id: str, spec: Mapping[str, Any]) -> float | None:
+    """Seconds an action on the job's model must wait before it runs, when its endpoint is
+    paused or out of the provider's count for longer than `limits.HOLD_S`; else None. The job
+    hears why (`model_waiting`); the action waits in its queue, not in a worker slot that other
+    actions, on other endpoints too, could use (a wait that starts once it runs is spent in
+    its thread, in line)."""
+    if not ACTION_TYPES[spec["type"]].needs_model or not spec.get("model"):
+        return None
+    known = limits.known_wait(store, ModelConfig.from_wire(spec["model"]))
+    if known is None:
+        return None
+    endpoint, reason, wait_s = known
+    store.wait_for_model(job_id, spec["id"], time.time() + wait_s)  # its message is not lost
+    store.emit(job_id, [(EventType.model_waiting, {
+        "endpoint": endpoint, "reason": reason, "action_id": spec["id"],
+        "wait_s": round(wait_s, 3)})], live=True)
+    return wait_s
 
 
 def gates(job_id: str, spec: Mapping[str, Any]) -> list[tuple[str, int]]:

@@ -39,8 +39,8 @@ from cortex_worker.llm.config import ModelConfig
 from cortex_worker.llm.stream import ModelError, Usage, estimate_usage
 from cortex_worker.store.state import Store
 
-__all__ = ["Caller", "Held", "ModelBusy", "calling", "estimate_tokens", "provider_limits",
-           "slot"]
+__all__ = ["HOLD_S", "Caller", "Held", "ModelBusy", "calling", "estimate_tokens",
+           "known_wait", "provider_limits", "slot"]
 
 POLL_S = 0.1
 """How often a request that waits for a slot in flight (or for its turn) asks again."""
@@ -54,6 +54,10 @@ REFUSED_STATUS = frozenset({429, 529})
 SPREAD_AFTER = frozenset({"paused", "remaining"})
 """Waits whose end many waiters share: each asks again a little apart."""
 CHARS_PER_TOKEN = 4
+HOLD_S = 5.0
+"""A wait of known length longer than this is not spent in a worker's thread: an agent turn
+hands its thread back (`Caller.hold_s`), and a ready `llm` action is not claimed until it ends
+(`known_wait`)."""
 
 
 class ModelBusy(Exception):
@@ -231,6 +235,18 @@ def _take(caller: Caller, config: ModelConfig, endpoint: str, holder: str,
                 if limits else (None, None, None))
     return caller.store.take_model_slot(endpoint, holder, caller.tenant, lease_s=LEASE_S,
                                         limits=declared, tokens=tokens, stale_s=STALE_S)
+
+
+def known_wait(store: Store, config: ModelConfig) -> tuple[str, str, float] | None:
+    """(endpoint, reason, seconds) when every request to `config`'s endpoint must wait longer
+    than `HOLD_S` now, for a reason that holds for all of them: a pause after a refusal
+    (`paused`), or the provider's count spent until its reset (`remaining`). None otherwise
+    (a request may still wait its turn in line, in its thread)."""
+    endpoint = config.endpoint()
+    wait = store.model_known_wait(endpoint)
+    if wait is None or wait[1] <= HOLD_S:
+        return None
+    return endpoint, wait[0], wait[1]
 
 
 @contextlib.contextmanager

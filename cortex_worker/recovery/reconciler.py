@@ -159,6 +159,7 @@ class Reconciler:
         if state.status == "queued" and state.owner is None:
             if not self._due(state.queued_at, state.redrives, now) \
                     or self._waits_for_slot(job_id, action_id, state) \
+                    or self._waits_for_model(state, now) \
                     or self._in_broker(dispatch.task_id(job_id, action_id)):
                 return None
             outcome, value = self.store.redrive(
@@ -185,6 +186,12 @@ class Reconciler:
                                     f"(max_redrives is {self.settings.max_redrives})")
             return None
         return value if outcome == "send" else None
+
+    def _waits_for_model(self, state: ActionState, now: float) -> bool:
+        """A queued action held off its pool while its model endpoint is paused
+        (`executor.model_wait`) comes back when the pause ends: lost only a grace period
+        after that."""
+        return state.model_wait_until is not None and now <= state.model_wait_until + self.grace
 
     def _waits_for_slot(self, job_id: str, action_id: str, state: ActionState) -> bool:
         """A queued action that waits for a slot (its tool's `max_concurrency`, its tenant's

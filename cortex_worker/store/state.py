@@ -89,6 +89,7 @@ class ActionState:
     queued_at: float | None  # when it was last queued (or sent again)
     redrives: int  # times the reconciler sent it again
     throttled_at: float | None = None  # when it began to wait for a tool slot
+    model_wait_until: float | None = None  # when its model endpoint's known wait ends
 
 
 def _action_states(statuses: dict[str, str], leases: dict[str, str], timings: dict[str, str],
@@ -103,9 +104,11 @@ def _action_states(statuses: dict[str, str], leases: dict[str, str], timings: di
             expiry = float(until)
         queued = timings.get(f"q|{action_id}")
         throttled = timings.get(f"w|{action_id}")
+        model_wait = timings.get(f"m|{action_id}")
         out[action_id] = ActionState(status, owner, expiry, float(queued) if queued else None,
                                      int(redrives.get(action_id, 0)),
-                                     float(throttled) if throttled else None)
+                                     float(throttled) if throttled else None,
+                                     float(model_wait) if model_wait else None)
     return out
 
 
@@ -549,6 +552,12 @@ class Store:
         """Mark a queued action as waiting for a tool slot (claiming it clears the mark)."""
         self.redis.hset(job_keys(job_id).timings, f"w|{action_id}", repr(time.time()))
 
+    def wait_for_model(self, job_id: str, action_id: str, until: float) -> None:
+        """Mark a queued action as held in its queue until `until` (time.time()), when its
+        model endpoint's known wait ends and its message comes back (claiming it clears the
+        mark): its message is not lost meanwhile."""
+        self.redis.hset(job_keys(job_id).timings, f"m|{action_id}", repr(until))
+
     # -- model endpoints' shared limits (llm/limits.py) ----------------------------------------
     def take_model_slot(self, endpoint: str, holder: str, tenant: str, *, lease_s: float,
                         limits: Sequence[float | None], tokens: int,
@@ -595,6 +604,19 @@ class Store:
         pipe.zrem(keys.waiting, holder)
         pipe.hdel(keys.waiters, holder)
         pipe.execute()
+
+    def model_known_wait(self, endpoint: str) -> tuple[str, float] | None:
+        """The wait every request to `endpoint` has now, if one is known, as lua/model_take.lua
+        reads it: ('paused', seconds) after a refusal, ('remaining', seconds) while the
+        provider's count is spent until its reset; None if neither."""
+        pause, budget, reset = self.redis.hmget(model_keys(endpoint).state, "pause_until",
+                                                "budget", "budget_reset")
+        now = time.time()
+        if pause is not None and float(pause) > now:
+            return "paused", float(pause) - now
+        if budget is not None and float(budget) <= 0 and reset is not None and float(reset) > now:
+            return "remaining", float(reset) - now
+        return None
 
     def model_use(self, endpoint: str) -> dict[str, Any]:
         """What `endpoint` uses now: requests in flight and waiting, the pause in force, the

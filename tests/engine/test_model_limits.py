@@ -19,14 +19,13 @@ import pytest
 from cortex_worker.actions import dispatch
 from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.jobs.options import JobOptions
-from cortex_worker.jobs.turns.loop import MODEL_HOLD_S
 from cortex_worker.llm import gateway, limits
 from cortex_worker.llm.config import ModelConfig, ModelLimits
 from cortex_worker.observability.metrics import CortexCollector
 from cortex_worker.store.keys import model_keys
 from cortex_worker.store.state import Store
 from cortex_worker.testing import StubBroker
-from tests.engine.helpers import events, of, one, status
+from tests.engine.helpers import action, events, of, one, status
 from tests.fake_llm import FakeLLM, Turn
 
 
@@ -283,9 +282,9 @@ def test_a_turn_hands_its_thread_back_while_its_endpoint_is_paused(
     record = store.peek(job_id, "status", "turn_phase")
     assert record is not None and (record.status, record.turn_phase) == ("running", "yielded")
     waiting = one(events(store, job_id), "model_waiting")
-    assert waiting["reason"] == "paused" and waiting["wait_s"] > MODEL_HOLD_S
+    assert waiting["reason"] == "paused" and waiting["wait_s"] > limits.HOLD_S
     later = [m for m in broker.messages() if m.name == dispatch.TURN_TASK]
-    assert len(later) == 1 and later[0].countdown is not None and later[0].countdown > MODEL_HOLD_S
+    assert len(later) == 1 and later[0].countdown is not None and later[0].countdown > limits.HOLD_S
 
     store.redis.hdel(model_keys(waiting["endpoint"]).state, "pause_until")  # the stub's time does not pass
     broker.join()
@@ -294,6 +293,58 @@ def test_a_turn_hands_its_thread_back_while_its_endpoint_is_paused(
     assert len(of(log, "turn_started")) == 1
     assert not [e for e in of(log, "warning") if e["data"].get("kind") == "turn_restarted"]
     assert len(llm.requests(model)) == 2
+
+
+def test_a_ready_llm_action_waits_in_its_queue_while_its_endpoint_is_paused(
+        store: Store, broker: StubBroker, llm: FakeLLM) -> None:
+    """A provider's 429 paused the documents' model endpoint for 30 s. A ready `llm` action is
+    not claimed meanwhile: it does not hold a worker slot for the pause (an llm action on
+    another endpoint could use it). The job hears why (`model_waiting`, naming the action),
+    the action's task is sent again for the pause's end, and then it runs once, as its first
+    attempt, and the job completes."""
+    llm.script("documents", [Turn(text="the answer")])
+    asked = len(llm.requests("documents"))  # the fake model server serves the whole package
+    doc = action("a", "summarise", {"text": "x"}).replace('type="tool"', 'type="llm"')
+    # readiness dispatch: the stub runs a canvas eagerly, where a retry cannot wait (a canvas
+    # step's wait is tests/integration/test_model_limits.py's)
+    job_id = jobs.submit_document(store, doc, options=JobOptions(canvas=False))
+    broker.step()  # the job's start: the action is registered and its task sent
+    spec = store.spec(job_id, "a")
+    assert spec is not None and spec["type"] == "llm"
+    endpoint = ModelConfig.from_wire(spec["model"]).endpoint()
+    assert store.model_answer(endpoint, refused=True, reset_s=30.0, remaining=None) > limits.HOLD_S
+
+    broker.join(delayed=False)
+    log = events(store, job_id)
+    assert of(log, "action_started") == [] and len(llm.requests("documents")) == asked
+    waiting = one(log, "model_waiting")
+    assert (waiting["action_id"], waiting["endpoint"], waiting["reason"]) == ("a", endpoint, "paused")
+    assert waiting["wait_s"] > limits.HOLD_S
+    later = [m for m in broker.messages() if m.name == dispatch.ACTION_TASK]
+    assert len(later) == 1 and later[0].countdown is not None and later[0].countdown > limits.HOLD_S
+    assert store.spec(job_id, "a") == spec and status(store, job_id) == "running"
+
+    store.redis.hdel(model_keys(endpoint).state, "pause_until")  # the stub's time does not pass
+    broker.join()
+    log = events(store, job_id)
+    assert [e["data"]["attempt"] for e in of(log, "action_started")] == [1]
+    assert one(log, "action_completed", "a")["result"] == "the answer"
+    assert status(store, job_id) == "completed" and len(llm.requests("documents")) == asked + 1
+
+
+def test_an_endpoint_out_of_the_providers_count_holds_llm_actions_until_its_reset(
+        store: Store) -> None:
+    """The provider's remaining count at 0 with a reset 20 s away is a known wait too (as
+    lua/model_take.lua reads it); a short one is waited out in line."""
+    config = ModelConfig(provider="openai", base_url="http://127.0.0.1:9", model="m")
+    endpoint = config.endpoint()
+    assert limits.known_wait(store, config) is None
+    store.model_answer(endpoint, refused=False, reset_s=20.0, remaining=0)
+    known = limits.known_wait(store, config)
+    assert known is not None and known[:2] == (endpoint, "remaining") and known[2] > limits.HOLD_S
+    store.redis.flushdb()
+    store.model_answer(endpoint, refused=True, reset_s=limits.HOLD_S / 2, remaining=None)
+    assert limits.known_wait(store, config) is None  # shorter than HOLD_S: waited in line
 
 
 def test_metrics_count_each_endpoints_requests_refusals_and_waits(store: Store) -> None:

@@ -13,13 +13,15 @@ import time
 from cortex_worker.actions import dispatch, executor
 from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.jobs.options import JobOptions
+from cortex_worker.llm.config import ModelConfig
 from cortex_worker.recovery.owners import owner
 from cortex_worker.recovery.reconciler import Reconciler
 from cortex_worker.settings import Settings, get_settings
-from cortex_worker.store.keys import alive_key, job_keys, wake_channel
+from cortex_worker.store.keys import alive_key, job_keys, model_keys, wake_channel
 from cortex_worker.store.state import Store
 from cortex_worker.testing import CANVAS, StubBroker
 from tests.engine.helpers import action, events, of, one, status
+from tests.fake_llm import FakeLLM, Turn
 
 READINESS = JobOptions(canvas=False)
 GHOST = "ghost-host:4242"  # a worker of another host, which never beats: dead
@@ -333,3 +335,32 @@ def test_a_pass_reads_every_job_in_the_same_few_round_trips(store: Store, broker
         return calls
 
     assert round_trips(3) == round_trips(30) <= 4
+
+
+def test_an_llm_action_held_while_its_endpoint_is_paused_is_not_lost(
+        store: Store, broker: StubBroker, llm: FakeLLM) -> None:
+    """An llm action held in its queue while its model endpoint is paused (its message comes
+    back when the pause ends, with a countdown a real broker holds past the grace period, so
+    `held` cannot vouch for it) is not sent again before then; it is once the pause has ended
+    a grace period ago and the action is still not claimed."""
+    llm.script("documents", [Turn(text="the answer")])
+    doc = action("a", "summarise", {"text": "x"}).replace('type="tool"', 'type="llm"')
+    job_id = jobs.submit_document(store, doc, options=READINESS)
+    broker.step()  # the start sends `a`
+    spec = store.spec(job_id, "a")
+    assert spec is not None
+    endpoint = ModelConfig.from_wire(spec["model"]).endpoint()
+    store.model_answer(endpoint, refused=True, reset_s=120.0, remaining=None)
+    broker.join(delayed=False)  # `a` waits: its task is sent again for the pause's end
+    broker.drop(dispatch.ACTION_TASK)  # a broker that cannot say it holds the message
+    age_queued(store, job_id, "a", 600)
+    reconciler = Reconciler(store, get_settings())
+    assert reconciler.reconcile() == 0 and redriven(store, job_id) == []
+
+    store.redis.hdel(model_keys(endpoint).state, "pause_until")
+    store.redis.hset(job_keys(job_id).timings, "m|a", repr(time.time() - 11))  # ended, + grace
+    assert reconciler.reconcile() == 1
+    assert [w["action_id"] for w in redriven(store, job_id)] == ["a"]
+    broker.join()
+    assert status(store, job_id) == "completed"
+    assert [e["data"]["attempt"] for e in of(events(store, job_id), "action_started")] == [1]

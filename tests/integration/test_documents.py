@@ -17,7 +17,11 @@ import pytest
 
 from cortex_api.client import Client, Conflict
 from cortex_api.models import JobOptions
+from cortex_worker.llm.config import ModelConfig
+from cortex_worker.llm.limits import HOLD_S
+from cortex_worker.store.state import Store
 from tests import harness
+from tests.fake_llm import FakeLLM, Turn
 
 
 def submit(api: Any, protocol: str, **options: Any) -> httpx.Response:
@@ -90,6 +94,36 @@ def test_timeout_kills_the_action(client: Client) -> None:
     assert failed.data["status"] == "timeout"
     assert failed.data["error"].startswith("timed out after 1s"), failed.data
     assert events[-1].type == "job_failed"
+
+
+def test_an_llm_step_waits_in_its_queue_while_its_endpoint_is_paused(
+        client: Client, cortex_env: dict[str, str], redis_server: harness.RedisServer,
+        fake_llm: FakeLLM) -> None:
+    """The documents' model endpoint is paused (a provider's 429 with a reset 15 s away, as
+    every worker reads it from Redis). The chain's llm step is not claimed meanwhile: the job
+    hears why (`model_waiting` naming the step), the step's task comes back for the pause's end
+    (a Celery retry: the chain keeps its place), then runs once, as its first attempt, and the
+    chain goes on. (15 s: the step must start within 10 s of the submission, to find the
+    pause longer than `limits.HOLD_S`; it takes well under one.)"""
+    endpoint = ModelConfig.model_validate(json.loads(cortex_env["CORTEX_DOCUMENT_MODEL"])).endpoint()
+    fake_llm.script("documents", [Turn(text="the answer")])
+    asked = len(fake_llm.requests("documents"))
+    store = Store.from_url(redis_server.url)
+    assert store.model_answer(endpoint, refused=True, reset_s=15.0, remaining=None) > HOLD_S
+    doc = (action("a", "summarise", {"text": "x"}).replace('type="tool"', 'type="llm"')
+           + action("b", "echo", {"message": "$a"}, depends_on=["a"]))
+    job_id = client.submit_document(doc).id
+    events = list(client.events(job_id, timeout=90))
+    assert events[-1].type == "job_completed", "\n".join(f"{e.type} {e.data}" for e in events)
+    kinds = [(e.type, e.data.get("action_id")) for e in events]
+    waited = kinds.index(("model_waiting", "a"))
+    started = [i for i, kind in enumerate(kinds) if kind == ("action_started", "a")]
+    assert len(started) == 1 and waited < started[0], kinds
+    assert events[started[0]].data["attempt"] == 1
+    assert events[waited].data["reason"] == "paused" and events[waited].data["wait_s"] > HOLD_S
+    (b,) = [e for e in events if e.type == "action_completed" and e.data["action_id"] == "b"]
+    assert b.data["result"] == "the answer"
+    assert len(fake_llm.requests("documents")) == asked + 1
 
 
 def test_cancel_revokes_running_and_queued(client: Client) -> None:

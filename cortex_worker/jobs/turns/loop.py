@@ -76,8 +76,6 @@ MAX_REMINDERS = 3
 TURN_RESTARTS = 1  # times a turn is generated again after its stream broke mid-output
 TURN_LEASE_S = 30.0  # a turn whose owner has not renewed it this long may be taken over
 RESULT_CHARS = 4000
-MODEL_HOLD_S = 5.0
-"""A turn whose model endpoint has no slot for longer than this hands its thread back."""
 
 
 def _resume(store: Store, job_id: str, start: TurnStart | None = None) -> Resumed | None:
@@ -360,7 +358,7 @@ def model_caller(store: Store, job_id: str, job: JobRecord, agent: AgentSpec,
         spending.record(store, job_id, job.tenant, endpoint, prompt_tokens, completion_tokens)
 
     return limits.Caller(store, job_id, job.tenant, on_wait=waiting,
-                         deadline=job.begun_at + agent.max_wall_time_s, hold_s=MODEL_HOLD_S,
+                         deadline=job.begun_at + agent.max_wall_time_s, hold_s=limits.HOLD_S,
                          before=lambda: spending.check_running(store, job.tenant), on_usage=spent)
 
 

@@ -14,7 +14,7 @@ end
 if tonumber(redis.call('HGET', K_PENDING, id) or '0') > 0 then return {'blocked'} end
 redis.call('HSET', K_LEASE, id, ARGV[4] .. '|' .. (tonumber(NOW) + tonumber(ARGV[5])))
 redis.call('HSET', K_STATUS, id, 'running')
-redis.call('HDEL', K_TM, 'w|' .. id)  -- it no longer waits for a tool slot
+redis.call('HDEL', K_TM, 'w|' .. id, 'm|' .. id)  -- it no longer waits for a slot or its model
 local attempt = redis.call('HINCRBY', K_ATTEMPTS, id, 1)
 m_started(id)
 emit('action_started', '{"action_id":' .. enc_id(id) .. ',"attempt":' .. attempt ..
