@@ -1,6 +1,7 @@
 """Start-up cost: the CPU time a `cortex worker` or `cortex api` uses until it is ready.
 
-Usage: python bench/startup.py [--runs N] [--pools agent,tool,llm,relic] [--no-api]
+Usage: python bench/startup.py [--runs N] [--pools agent,tool,llm,relic] [--no-api] [--warm]
+       [--source CHECKOUT]
 
 Ready means what the test harness waits for (tests/harness.py): a worker answers a Celery
 `stats` broadcast, the API answers `GET /healthz` with 200. One run starts a private
@@ -48,12 +49,13 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / TICKS
 
 
-def environment(redis_url: str, workspace: str) -> dict[str, str]:
-    """What tests/integration/conftest.py's `cortex_env` gives the stack's processes."""
+def environment(redis_url: str, workspace: str, source: Path = ROOT) -> dict[str, str]:
+    """What tests/integration/conftest.py's `cortex_env` gives the stack's processes (the
+    code imported from `source`, first on PYTHONPATH)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CORTEX_", "CELERY_")) and k != "REDIS_URL"}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(source)
     env["PYTHONUNBUFFERED"] = "1"
     env["CORTEX_REDIS_URL"] = redis_url
     env["CORTEX_MANIFESTS"] = str(ROOT / "tests" / "manifests")
@@ -83,6 +85,9 @@ def main() -> None:
     parser.add_argument("--no-api", action="store_true")
     parser.add_argument("--warm", action="store_true",
                         help="keep Redis between the processes of a run")
+    parser.add_argument("--source", type=Path, default=ROOT,
+                        help="run the processes on the code of this checkout (a git worktree "
+                             "of another commit, to compare)")
     args = parser.parse_args()
     stop_on_sigterm()
     print_header()
@@ -91,7 +96,8 @@ def main() -> None:
     log_dir = tempfile.mkdtemp(prefix="cortex-startup-")
     with harness.RedisServer() as redis_server:
         client = redis_server.client()
-        env = environment(redis_server.url, tempfile.mkdtemp(prefix="cortex-startup-ws-"))
+        env = environment(redis_server.url, tempfile.mkdtemp(prefix="cortex-startup-ws-"),
+                          args.source.resolve())
         for run in range(args.runs):
             for what in order:
                 if not args.warm or what == order[0]:

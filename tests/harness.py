@@ -82,9 +82,11 @@ DEFAULT_CONCURRENCY = 2
 #: Environment variable naming a redis-server binary to use instead of the one found.
 REDIS_SERVER_ENV = "CORTEX_TEST_REDIS_SERVER"
 OWNER_ENV = "CORTEX_HARNESS_OWNER"
-#: How long a worker or the API may take to answer once started. Idle, a worker takes 6 to 8 s
-#: of CPU to start (imports, and the MCP servers it lists tools from) and the API about 7 s; in
-#: `make test`, seven parts at once on two cores, an API once took more than 30 s. Only a bound.
+#: How long a worker or the API may take to answer once started. A worker takes 2.5 to 3 s of
+#: CPU to start when it lists the MCP servers' tools (the first process of a stack: the
+#: listing is then shared through Redis) and 1 to 1.5 s when it reads them, the API about 3 s
+#: (bench/startup.py); in `make test`, seven parts at once on two cores, an API once took more
+#: than 30 s. Only a bound.
 START_TIMEOUT_S = 120.0
 
 _IS_LINUX = sys.platform.startswith("linux")
