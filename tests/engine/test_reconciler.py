@@ -310,6 +310,32 @@ def test_a_redelivery_waits_for_the_live_worker_that_runs_the_action(
     assert one(log, "action_completed", "b")["result"] == "A"
 
 
+def test_a_redelivery_in_the_process_that_runs_the_action_waits_too(
+        store: Store, broker: StubBroker) -> None:
+    """Two deliveries of one action can reach one process (a message restored after a broker
+    reconnect, one sent again while a thread still runs it): the lease is this process's, but
+    another thread holds it, so the second is `busy` as it would be in another worker. It
+    used to take the lease over and run the action a second time, beside the first."""
+    job_id = jobs.submit_document(store, DOC, options=READINESS)
+    broker.step()
+    (message,) = broker.messages(dispatch.ACTION_TASK)
+    assert store.claim(job_id, "a", owner(), 60.0)[0] == "run"  # a thread of this process
+    store.beat(owner(), 10.0)  # which lives (a worker process beats)
+    assert broker.step() is message
+    assert message.value == "busy"
+    (later,) = broker.messages(dispatch.ACTION_TASK)
+    assert later.args[1] == "a" and later.countdown == 5.0
+    spec = store.spec(job_id, "a")
+    assert spec is not None
+    assert executor.record_outcome(store, job_id, "a", spec, "ok", "A", None) == "ok"
+    broker.join()
+    assert later.value == "done"
+    assert status(store, job_id) == "completed"
+    log = events(store, job_id)
+    assert [e["data"]["attempt"] for e in of(log, "action_started", "a")] == [1]
+    assert len(of(log, "action_completed", "a")) == 1
+
+
 def test_a_pass_reads_every_job_in_the_same_few_round_trips(store: Store, broker: StubBroker,
                                                              monkeypatch) -> None:
     """A pass runs every few seconds over every active job: with nothing to recover, it reads

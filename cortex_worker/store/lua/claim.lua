@@ -6,10 +6,12 @@ local id = ARGV[3]
 local job_status = redis.call('HGET', K_JOB, 'status')
 if not job_status or job_status == 'failed' or job_status == 'cancelled' then return {'stop'} end
 if redis.call('HEXISTS', K_RESULT, id) == 1 then return {'done'} end
+-- A lease not run out is held, by another worker or by another thread of this one (two
+-- deliveries can reach one process): only a holder known dead is overtaken ('1').
 local lease = redis.call('HGET', K_LEASE, id)
 if lease and ARGV[6] ~= '1' then
   local owner, expiry = string.match(lease, '^(.*)|([^|]*)$')
-  if owner ~= ARGV[4] and tonumber(expiry) > tonumber(NOW) then return {'busy', owner, expiry} end
+  if tonumber(expiry) > tonumber(NOW) then return {'busy', owner, expiry} end
 end
 if tonumber(redis.call('HGET', K_PENDING, id) or '0') > 0 then return {'blocked'} end
 redis.call('HSET', K_LEASE, id, ARGV[4] .. '|' .. (tonumber(NOW) + tonumber(ARGV[5])))
