@@ -51,8 +51,11 @@ def make_app(settings: Settings | None = None) -> Celery:
 
 
 def send_noop(app: Celery, key: str, producer: Any = None) -> None:
-    """Send one no-op task to the `raw` queue; the send time travels as its argument."""
-    app.send_task(NOOP_TASK, args=[key, time.time()], queue=RAW_QUEUE, producer=producer)
+    """Send one no-op task to the `raw` queue; the send time travels as its argument. No
+    result is asked for, as Cortex asks none for its actions (a send by name would otherwise
+    SUBSCRIBE to the task's result channel first)."""
+    app.send_task(NOOP_TASK, args=[key, time.time()], queue=RAW_QUEUE, producer=producer,
+                  ignore_result=True)
 
 
 app = make_app()
