@@ -161,6 +161,12 @@ def relic_kv_key(namespace: str, key: str) -> str:
     return f"{RELIC_KV_PREFIX}:{namespace}:{key}"
 
 
+def mcp_listing_key(digest: str) -> str:
+    """An MCP server's shared tool listing, by the digest of its configuration
+    (`services.mcp.listing`); `<key>:lock` is held by the process listing it."""
+    return f"{PREFIX}:mcp:tools:{digest}"
+
+
 def remote_tasks_key(job_id: str) -> str:
     """Hash: action id -> the A2A task a `kind: RemoteAgent` call of the job started (JSON
     `{task_id, context_id, agent}`), so a later attempt follows it instead of sending again."""

@@ -35,7 +35,7 @@ from typing import Any
 import redis
 
 from cortex_worker.services.mcp.spec import MCPServerSpec, config_key
-from cortex_worker.store.keys import PREFIX
+from cortex_worker.store.keys import mcp_listing_key
 from cortex_worker.tools.errors import ToolError
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,7 @@ READ_TIMEOUT_S = 2.0
 
 def listing_key(spec: MCPServerSpec) -> str:
     """The Redis key of a server's shared listing."""
-    digest = hashlib.sha256(config_key(spec).encode()).hexdigest()[:32]
-    return f"{PREFIX}:mcp:tools:{digest}"
+    return mcp_listing_key(hashlib.sha256(config_key(spec).encode()).hexdigest()[:32])
 
 
 def list_here(servers: Sequence[MCPServerSpec]) -> Listed:
