@@ -39,6 +39,8 @@ log = logging.getLogger("cortex.api.sse")
 HEARTBEAT_S = 15.0
 PAGE_SIZE = 500
 QUEUE_SIZE = 1000
+ON_MASTER_MAX = 10_000
+"""How many jobs a hub remembers to read from the master (its replica did not have them)."""
 SEND_TIMEOUT_S = 30.0
 #: Pauses of a stream between Redis errors before it gives up (about 30 s in all).
 REDIS_PAUSES_S = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
@@ -366,6 +368,7 @@ class EventHub:
                  poll_s: float = 5.0, master: aioredis.Redis | None = None) -> None:
         self.redis = client
         self._master = master  # readiness asks it whether writes are taken (else `client`)
+        self._on_master: dict[str, None] = {}  # jobs the replica did not have: read the master
         self._pubsub_client = pubsub_client
         self._pubsub = pubsub_client.pubsub()
         self._fanout = Fanout()
@@ -388,14 +391,16 @@ class EventHub:
         the master's PUBLISH reaches a replica's subscribers through replication, with the
         write it announces, so a client is only ever sent events a replica has, and the
         replica promoted in a failover has every one of them (a seq a client saw is never
-        given to other content)."""
+        given to other content). A job the replica does not have (yet) is read from the
+        master (`_job_fields`)."""
         def retry() -> AsyncRetry:
             return AsyncRetry(ExponentialBackoff(cap=1.0, base=0.05), HUB_RETRIES)
 
         replays = async_client(url, retry=retry(), max_connections=max_connections,
                                pool_timeout=30, replica=True)
         following = async_client(url, retry=retry(), replica=True)
-        master = async_client(url, retry=retry(), max_connections=1, pool_timeout=30)
+        master = async_client(url, retry=retry(), max_connections=max_connections,
+                              pool_timeout=30)
         return cls(replays, following, master=master, **kwargs)
 
     # -- EventSource --------------------------------------------------------------------
@@ -425,21 +430,45 @@ class EventHub:
 
     async def read(self, job_id: str, after: int, count: int) -> list[Event]:
         """Up to `count` events with seq > `after` (XRANGE on the job's stream)."""
-        entries = await self.redis.xrange(job_keys(job_id).events, min=f"{after + 1}-0", count=count)
+        entries = await self._node(job_id).xrange(job_keys(job_id).events,
+                                                  min=f"{after + 1}-0", count=count)
         return [json.loads(fields["e"]) for _, fields in entries]
 
     async def status(self, job_id: str) -> str | None:
         """The job's status, None if there is no such job."""
-        return await self.redis.hget(job_keys(job_id).job, "status")
+        return (await self._job_fields(job_id, "status"))[0]
 
     async def status_and_tenant(self, job_id: str) -> tuple[str | None, str | None]:
         """The job's status and tenant (None, None if there is no such job)."""
-        status, tenant = await self.redis.hmget(job_keys(job_id).job, ["status", "tenant"])
+        status, tenant = await self._job_fields(job_id, "status", "tenant")
         return status, tenant
 
     async def session(self, job_id: str) -> str | None:
         """The session the job answers a message of, if any (AG-UI's thread)."""
-        return await self.redis.hget(job_keys(job_id).job, "session") or None
+        return (await self._job_fields(job_id, "status", "session"))[1] or None
+
+    def _node(self, job_id: str) -> aioredis.Redis:
+        """Where the job is read: the replica, or the master once the replica was found
+        without it."""
+        return self._master if self._master is not None and job_id in self._on_master \
+            else self.redis
+
+    async def _job_fields(self, job_id: str, *fields: str) -> list[str | None]:
+        """Fields of the job record (`status` first). A replica without the job (still
+        syncing after a failover, or cut off from its master while the job was created) is not
+        proof that there is none: the master is asked, and if it has the job, the job is read
+        there from then on, its events too, so that its stream is neither refused (404) nor
+        ended early (no status reads as ended) nor left without its log."""
+        values = await self._node(job_id).hmget(job_keys(job_id).job, list(fields))
+        if values[0] is None and self._master is not None and job_id not in self._on_master:
+            values = await self._master.hmget(job_keys(job_id).job, list(fields))
+            if values[0] is not None:
+                log.info("job %s: the replica does not have it yet; read from the master",
+                         job_id)
+                self._on_master[job_id] = None
+                while len(self._on_master) > ON_MASTER_MAX:  # the oldest first
+                    del self._on_master[next(iter(self._on_master))]
+        return values
 
     # -- housekeeping -------------------------------------------------------------------
     async def ping(self) -> bool:
