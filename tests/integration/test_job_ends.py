@@ -1,0 +1,63 @@
+"""The job-end listener (`cortex_worker/jobs/ends.py`) on a real redis-server that freezes.
+
+A master frozen with its connections open (SIGSTOP: a paused VM, a partition; its kernel still
+acknowledges what is sent to it) fails no command, so a subscribed connection would hear
+nothing until the node woke, long after Sentinel had promoted another. The listener asks for a
+PONG when it has heard nothing for `PING_S`, and without one within the read timeout connects
+again. Asserted on what the listener does (its log, and the ends it tells watchers of), never
+on how long it took."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cortex_worker.jobs.ends import JobEnds
+from cortex_worker.store.keys import ENDED_CHANNEL
+from tests import harness
+
+LOST = "job-end listener lost Redis"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[harness.RedisServer]:
+    with harness.RedisServer(log_dir=tmp_path, data_dir=tmp_path / "redis") as running:
+        yield running
+
+
+def test_a_frozen_node_is_left_and_the_listener_hears_ends_again(
+        server: harness.RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="cortex_worker.jobs.ends")
+    client = server.client(decode_responses=True, socket_timeout=6)
+    ends = JobEnds(client)
+    publisher = server.client(decode_responses=True)
+    process = server.process
+    assert process is not None
+    try:
+        with ends.watch("before") as watch:
+            harness.wait_until(lambda: publisher.publish(ENDED_CHANNEL, "before") > 0,
+                               timeout=30, interval=0.05)
+            assert watch.ended.wait(30)
+
+        process.kill(signal.SIGSTOP)
+        try:
+            harness.wait_until(lambda: any(LOST in r.getMessage() for r in caplog.records),
+                               timeout=120, interval=0.2,
+                               message="the listener never left the frozen node")
+            assert "no answer to a PING" in next(r.getMessage() for r in caplog.records
+                                                 if LOST in r.getMessage())
+        finally:
+            process.kill(signal.SIGCONT)
+
+        with ends.watch("after") as watch:  # subscribed again on the woken node
+            harness.wait_until(lambda: publisher.publish(ENDED_CHANNEL, "after") > 0,
+                               timeout=60, interval=0.1)
+            assert watch.ended.wait(30)
+    finally:
+        ends.close()
+        client.close()
+        publisher.close()
