@@ -1,14 +1,21 @@
-"""The SSE hub behind a replica that does not have a job: one still syncing after a failover
-(the old master rejoining), or cut off from its master while the job was made. Two real
-redis-servers stand for the two nodes: the hub's replica, which lacks the job, and the master,
-which has it and its whole log. A stream of the job must be served from the master, in full:
-not refused (its status read as missing: a 404), nor ended at once (a missing status reads as
-ended), nor sent without its events."""
+"""The SSE hub and the nodes it reads, with real redis-servers.
+
+- A replica that does not have a job: one still syncing after a failover (the old master
+  rejoining), or cut off from its master while the job was made. Two servers stand for the two
+  nodes: the hub's replica, which lacks the job, and the master, which has it and its whole
+  log. A stream of the job must be served from the master, in full: not refused (its status
+  read as missing: a 404), nor ended at once (a missing status reads as ended), nor sent
+  without its events.
+- A node that freezes with the hub subscribed (SIGSTOP: its kernel still acknowledges what is
+  sent, so nothing fails): the hub asks for a PONG, connects again without one, and hears the
+  job's events again once the node answers."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +27,7 @@ from redis.backoff import NoBackoff
 
 from cortex_api.sse import EventHub, job_events
 from cortex_worker.store.connect import async_client
-from cortex_worker.store.keys import job_keys
+from cortex_worker.store.keys import channel, job_keys
 from tests import harness
 
 JOB = "0f" * 16
@@ -97,3 +104,52 @@ def test_a_job_the_replica_has_is_read_there(nodes: tuple[str, str]) -> None:
             await hub.aclose()
 
     assert asyncio.run(run()) == ("completed", "acme")
+
+
+def test_the_hub_leaves_a_frozen_node_and_hears_events_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="cortex_api.sse")
+    with harness.RedisServer(log_dir=tmp_path, data_dir=tmp_path / "redis") as server:
+        process = server.process
+        assert process is not None
+        publisher = server.client(decode_responses=True)
+
+        def lost() -> bool:
+            return any("no answer to a PING" in r.getMessage() for r in caplog.records)
+
+        async def heard(listener: Any, seq: int) -> None:
+            """Publish event `seq` until the listener has it (None: resync markers)."""
+            event = json.dumps({"job_id": JOB, "seq": seq, "ts": 1.0, "type": "text", "data": {}})
+            for _ in range(600):
+                publisher.publish(channel(JOB), event)
+                try:
+                    while (item := await asyncio.wait_for(listener.get(), 0.2)) is None:
+                        pass
+                except TimeoutError:
+                    continue
+                assert item["seq"] == seq
+                return
+            raise AssertionError(f"event {seq} never reached the listener")
+
+        async def run() -> None:
+            hub = EventHub.from_url(server.url)
+            try:
+                async with hub.listen(JOB) as listener:
+                    await heard(listener, 1)
+                    process.kill(signal.SIGSTOP)
+                    try:
+                        for _ in range(600):  # up to 120 s, a backstop
+                            if lost():
+                                break
+                            await asyncio.sleep(0.2)
+                        assert lost(), "the hub never left the frozen node"
+                    finally:
+                        process.kill(signal.SIGCONT)
+                    await heard(listener, 2)  # subscribed again, on a new connection
+            finally:
+                await hub.aclose()
+
+        try:
+            asyncio.run(run())
+        finally:
+            publisher.close()
