@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from starlette.types import Message, Send
 from cortex_api.agui import AgUiTranslator
 from cortex_api.errors import REDIS_ERRORS
 from cortex_worker.protocol.events import JOB_TERMINAL, TERMINAL_EVENTS
-from cortex_worker.store.connect import READ_TIMEOUT_S, async_client, check_writable
+from cortex_worker.store.connect import Silence, async_client, check_writable
 from cortex_worker.store.keys import channel, job_keys
 from cortex_worker.store.state import dumps
 
@@ -40,9 +39,6 @@ log = logging.getLogger("cortex.api.sse")
 HEARTBEAT_S = 15.0
 PAGE_SIZE = 500
 QUEUE_SIZE = 1000
-PING_S = 5.0
-"""After this long without a message the hub's pub/sub connection sends a PING; no PONG within
-`READ_TIMEOUT_S` is a node frozen with the connection open: it connects again."""
 ON_MASTER_MAX = 10_000
 """How many jobs a hub remembers to read from the master (its replica did not have them)."""
 SEND_TIMEOUT_S = 30.0
@@ -517,29 +513,27 @@ class EventHub:
 
     async def _read_loop(self) -> None:
         backoff = 0.1
-        heard, asked = time.monotonic(), None
+        silence = Silence()
         while True:
             try:
                 message = await self._pubsub.get_message(timeout=self.poll_s)
-                now = time.monotonic()
                 if message is not None:  # a message, or the PONG asked for
-                    heard, asked = now, None
-                elif asked is not None and now - asked > READ_TIMEOUT_S:
-                    # a node frozen with the connection open (as jobs/ends.py): connect again,
-                    # and redis-py subscribes the new connection to every channel
+                    silence.heard_from()
+                elif why := silence.lost():
+                    # a frozen node: connect again (redis-py subscribes the new connection to
+                    # every channel)
                     if self._pubsub.connection is not None:
                         await self._pubsub.connection.disconnect()
-                    raise ConnectionError(f"no answer to a PING in {now - asked:.0f} s")
-                elif asked is None and now - heard > PING_S:
+                    raise ConnectionError(why)
+                elif silence.due():
                     await self._pubsub.ping()
-                    asked = now
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("event hub: pub/sub read failed (%s); clients catch up from the log", exc)
                 self._fanout.resync()
-                heard, asked = time.monotonic(), None
+                silence = Silence()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue

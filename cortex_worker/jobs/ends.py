@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from dataclasses import dataclass, field
 import redis
 
 from cortex_worker.recovery.owners import owner
-from cortex_worker.store.connect import READ_TIMEOUT_S
+from cortex_worker.store.connect import Silence
 from cortex_worker.store.keys import ENDED_CHANNEL, wake_channel
 
 log = logging.getLogger(__name__)
@@ -30,11 +29,6 @@ log = logging.getLogger(__name__)
 SUBSCRIBE_WAIT_S = 2.0  # how long the first watch waits for the subscription to be live
 RECONNECT_S = 0.5
 POLL_S = 1.0  # the listener looks at `close` this often
-PING_S = 5.0
-"""After this long without a message the listener sends a PING. No answer within
-`READ_TIMEOUT_S` is a master that froze with the connection open (a paused VM, a partition: its
-kernel still acknowledges what is sent, so nothing fails): the listener connects again, to the
-master the sentinels name by then, instead of hearing nothing until the old one wakes."""
 
 
 @dataclass(frozen=True)
@@ -100,21 +94,18 @@ class JobEnds:
                 wake = wake_channel(owner())
                 pubsub.subscribe(ENDED_CHANNEL, wake)
                 self._subscribed.set()
-                heard, asked = time.monotonic(), None
+                silence = Silence()  # a frozen master: connect again, through the sentinels
                 while not self._closed.is_set():
                     message = pubsub.get_message(timeout=POLL_S)
-                    now = time.monotonic()
                     if message is not None:  # a message, or the PONG asked for
-                        heard, asked = now, None
+                        silence.heard_from()
                         if message.get("type") == "message":
                             self._pushed(str(message["data"]),
                                          ended=str(message["channel"]) != wake)
-                    elif asked is not None and now - asked > READ_TIMEOUT_S:
-                        raise redis.ConnectionError(
-                            f"no answer to a PING in {now - asked:.0f} s")
-                    elif asked is None and now - heard > PING_S:
+                    elif why := silence.lost():
+                        raise redis.ConnectionError(why)
+                    elif silence.due():
                         pubsub.ping()
-                        asked = now
             except redis.RedisError as exc:
                 log.warning("job-end listener lost Redis (%s); reconnecting", exc)
             finally:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
@@ -54,6 +55,8 @@ CONNECT_TIMEOUT_S = 2.0
 fails each attempt after this long instead of the kernel's two minutes."""
 SENTINEL_TIMEOUT_S = 2.0
 """How long a sentinel may take to answer which node is the master, before the next is asked."""
+PUBSUB_PING_S = 5.0
+"""A subscribed connection that heard nothing this long asks for a PONG (`Silence`)."""
 READ_TIMEOUT_S = 5.0
 """How long a command may wait for its reply, beyond a wait it asks of the server itself: a
 master that froze with the command sent (its kernel still holds the connection open) fails it
@@ -289,6 +292,34 @@ class _BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool
 
 class _AsyncBlockingSentinelPool(AsyncSentinelPool, aioredis.BlockingConnectionPool):
     """The asyncio form of `_BlockingSentinelPool`."""
+
+
+class Silence:
+    """Whether a subscribed connection, which sends nothing while it listens, is on a node that
+    froze with it open (a paused VM, a partition: the kernel still acknowledges what is sent,
+    so nothing fails): after `PUBSUB_PING_S` without a message its reader sends a PING
+    (`due`), and no answer within `READ_TIMEOUT_S` means it must connect again (`lost`). The
+    job-end listener and the API's event hub read their pub/sub through one."""
+
+    def __init__(self) -> None:
+        self.heard, self.asked = time.monotonic(), None  # type: float, float | None
+
+    def heard_from(self) -> None:
+        """A message came (or the PONG asked for)."""
+        self.heard, self.asked = time.monotonic(), None
+
+    def due(self) -> bool:
+        """Time to send a PING (the caller sends it)."""
+        if self.asked is None and time.monotonic() - self.heard > PUBSUB_PING_S:
+            self.asked = time.monotonic()
+            return True
+        return False
+
+    def lost(self) -> str | None:
+        """Why the connection must be made again, or None."""
+        if self.asked is not None and (waited := time.monotonic() - self.asked) > READ_TIMEOUT_S:
+            return f"no answer to a PING in {waited:.0f} s"
+        return None
 
 
 def keepalive_options() -> dict[int, int]:
