@@ -2,9 +2,10 @@
 # `make test`: the whole suite, in seven pytest processes at once, whose tests mostly wait: on
 # their own subprocesses, on recovery timers, on a model. Beside the integration and process
 # tests run tests/model in two parts, each with its own llama.cpp server of one thread (the
-# streamed completions and the 22 agent jobs with the grammar, about five minutes of one core;
-# the grammars and the tool_choice jobs, about three), so that the model's work, which nothing
-# else can speed up, uses both cores once the other parts are done; tests/chaos with tests/load
+# streamed completions and agent jobs 1 to 18 with the grammar; jobs 19 to 22, the grammars and
+# the tool_choice jobs: each about two and a half minutes of one core once the model runtime is
+# built), so that the model's work, which nothing else can speed up, uses both cores once the
+# other parts are done; tests/chaos with tests/load
 # (kills, restarts and a two-minute soak: minutes of waiting for timers), the in-process tests
 # with the security tests and the two integration files that start whole stacks (cortex up,
 # cortex demo), the Redis failover files (sentinels, a lagging replica) with the remote A2A
@@ -14,10 +15,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=.venv/bin/python
-# llama-cpp-python's server seeds each request from the one before, so the agent jobs run after
-# the streamed completions, as in one run of tests/model, and sample what they always did
+# every request of tests/model carries a seed (model.seed), so a test samples the same on either
+# server, after whatever ran there before
 streams=tests/model/test_smollm2.py::test_real_token_streams_feed_the_parser
-agent_jobs=tests/model/test_smollm2.py::test_agent_jobs_with_the_grammar_make_no_protocol_errors
+agent_jobs=tests/model/test_smollm2.py::test_agent_jobs_with_the_grammar_make_no_protocol_errors[1-18]
 beside=("$streams $agent_jobs" "tests/model --deselect $streams --deselect $agent_jobs"
         "tests/chaos tests/load"
         "tests/unit tests/engine tests/security tests/integration/test_up.py tests/integration/test_demo.py"

@@ -81,6 +81,11 @@ class ModelConfig(BaseModel):
     max_tokens: int | None = Field(
         default=None, gt=0,
         description="sent when set; anthropic requires it: 8192 when unset")
+    seed: int | None = Field(
+        default=None, ge=0, le=2**31 - 1,
+        description="sent when set, with every request: the sampling seed (OpenAI, vLLM, "
+        "SGLang, llama.cpp's server), so a request samples the same way whatever the engine "
+        "served before it; anthropic has none")
     timeout_s: float = Field(default=120.0, gt=0, description="per request, between bytes")
     max_retries: int = Field(default=3, ge=0, le=10)
     native_tools: bool = Field(default=False,
@@ -127,6 +132,13 @@ class ModelConfig(BaseModel):
             raise ValueError("provider anthropic cannot constrain decoding with a grammar; "
                              "grammars are for OpenAI-compatible engines (llama.cpp, vLLM, "
                              "SGLang)")
+        return value
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_sent(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("provider") == "anthropic":
+            raise ValueError("provider anthropic takes no seed (the Messages API has none)")
         return value
 
     @field_validator("temperature")

@@ -56,6 +56,8 @@ def _request_body(config: ModelConfig, messages: list[dict[str, Any]],
         body["temperature"] = config.temperature
     if config.max_tokens is not None:
         body["max_tokens"] = config.max_tokens
+    if config.seed is not None:
+        body["seed"] = config.seed
     if tools:
         body["tools"] = tools
         forced = config.forced_tool

@@ -27,6 +27,10 @@ MAX_TOKENS = 1024
 ARITHMETIC_TOKENS = 256  # an action and a short answer: the turn that acts ends at its action
 MAX_TURNS = 2
 TEMPERATURE = 0.7
+SEED = 1125
+"""Sent with every request (`model.seed`): llama.cpp's server would otherwise seed a request
+from the one before, so what a job samples, and how long it writes, would hang on which jobs
+and tests the same server ran first."""
 
 AGENTS_YAML = f"""\
 # Agents of the real-model tests (tests/model): SmolLM2-135M-Instruct on llama.cpp's server,
@@ -42,6 +46,7 @@ agents:
       grammar: gbnf
       max_tokens: {MAX_TOKENS}
       temperature: {TEMPERATURE}
+      seed: {SEED}
       max_retries: 1
     tools: [echo, calculator]
     max_turns: {MAX_TURNS}
@@ -95,9 +100,11 @@ ARITHMETIC = [f"Use the calculator: what is {a} * {b}?"
 """Ten arithmetic questions that say to use the calculator (issue 33's tool_choice check)."""
 
 
-def write_manifests(directory: Path) -> Path:
+def write_manifests(directory: Path, seed: int = SEED) -> Path:
+    """`AGENTS_YAML` in `directory`, its agents sending `seed` with every request."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "agents.yaml").write_text(AGENTS_YAML)
+    (directory / "agents.yaml").write_text(AGENTS_YAML.replace(f"seed: {SEED}\n",
+                                                               f"seed: {seed}\n"))
     return directory
 
 

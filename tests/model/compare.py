@@ -30,7 +30,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=len(smol.TASKS))
     parser.add_argument("--agents", default="smol,smol_plain")
-    parser.add_argument("--seed", type=int, default=1125, help="the server's sampling seed")
+    parser.add_argument("--seed", type=int, default=smol.SEED,
+                        help="the sampling seed every request carries (model.seed)")
     parser.add_argument("--json", type=Path, help="also write every job's report here")
     args = parser.parse_args()
     tasks = [smol.TASKS[i % len(smol.TASKS)] for i in range(args.jobs)]
@@ -40,7 +41,7 @@ def main() -> int:
     results: dict[str, object] = {"setup_s": round(time.monotonic() - setup, 1),
                                   "runtime": model_runtime.info}
     with LlamaServer(model_runtime, log_dir=work, seed=args.seed) as server, \
-            engine(smol.write_manifests(work / "manifests"),
+            engine(smol.write_manifests(work / "manifests", args.seed),
                    {"CORTEX_SMOLLM_URL": server.url}):
         results["server_start_s"] = round(server.start_s, 1)
         for agent in args.agents.split(","):

@@ -4,9 +4,9 @@
 - completions streamed by the real server, token by token, feed the real `StreamParser`: their
   odd chunk boundaries (tags split across tokens) give the same events as the whole text, and
   with the grammar the text parses with no protocol error and calls real tools validly;
-- 20+ agent jobs run end to end (coordinator, gateway, parser, tools) with the grammar: no
-  protocol error, every action a real tool with valid parameters, every turn acting or
-  answering. The same jobs without the grammar are measured by `python -m tests.model.compare`
+- 20+ agent jobs (in two tests) run end to end (coordinator, gateway, parser, tools) with the
+  grammar: no protocol error, every action a real tool with valid parameters, every turn acting
+  or answering. The same jobs without the grammar are measured by `python -m tests.model.compare`
   (docs/performance.md).
 """
 
@@ -57,7 +57,8 @@ def stream(server: LlamaServer, task: str, flavour: str | None,
     """The text deltas of one streamed completion (llama.cpp sends one per token), and the
     seconds it took."""
     model = ModelConfig(base_url=server.url, model="smollm2", api_key_env=None,
-                        grammar=flavour, max_tokens=max_tokens, temperature=agents.TEMPERATURE)
+                        grammar=flavour, max_tokens=max_tokens, temperature=agents.TEMPERATURE,
+                        seed=agents.SEED)
     messages = [{"role": "system", "content": build_system_prompt(SMOL, REGISTRY)},
                 {"role": "user", "content": task}]
     started = time.monotonic()
@@ -110,15 +111,27 @@ def test_real_token_streams_feed_the_parser(llama_server: LlamaServer) -> None:
           f"({tokens / seconds:.1f} tokens/s, prompts included)")
 
 
+JOBS = {"1-18": agents.TASKS[:18], "19-22": agents.TASKS[18:]}
+"""The 22 agent jobs as two tests, so that `make test` runs them on its two llama.cpp servers:
+the streams and jobs 1 to 18 on one, jobs 19 to 22 beside the grammars and the tool_choice
+jobs on the other (each about two and a half minutes of a core: the last four take a third
+of the jobs' time).
+Every request carries the agents' `seed`, so a job samples the same text whichever server runs
+it and whatever that server ran before."""
+
+
+@pytest.mark.parametrize("jobs", list(JOBS))
 def test_agent_jobs_with_the_grammar_make_no_protocol_errors(
-        store: Store, broker: StubBroker, tmp_path: Path) -> None:
-    """22 agent jobs, end to end, on agent `smol` (model.grammar: gbnf). Needs the coordinator
-    to pass `build_grammar(agent, registry, model.grammar)` to `open_stream`."""
-    reports = agents.run_jobs(store, broker, "smol")
+        jobs: str, store: Store, broker: StubBroker, tmp_path: Path) -> None:
+    """22 agent jobs (two tests of `JOBS`), end to end, on agent `smol` (model.grammar: gbnf).
+    Needs the coordinator to pass `build_grammar(agent, registry, model.grammar)` to
+    `open_stream`."""
+    reports = agents.run_jobs(store, broker, "smol", JOBS[jobs])
     summary = agents.summary(reports)
     (tmp_path / "jobs.json").write_text(json.dumps([asdict(r) for r in reports], indent=2))
     print(f"\n{json.dumps(summary)}\nevery job: {tmp_path / 'jobs.json'}")
-    assert len(reports) >= 20
+    assert sum(map(len, JOBS.values())) == len(agents.TASKS) >= 20
+    assert len(reports) == len(JOBS[jobs])
     assert all(r.status in ("completed", "failed") for r in reports), summary
     details = [(r.task, r.protocol_errors, r.invalid_actions, r.idle_turns, r.text)
                for r in reports if r.protocol_errors or r.invalid_actions or r.idle_turns]

@@ -684,6 +684,24 @@ def test_a_tool_named_by_tool_choice_is_forced_in_each_providers_words() -> None
         ModelConfig(model="m", tool_choice="")
 
 
+def test_a_seed_is_sent_with_every_request_when_set() -> None:
+    """`seed` goes into the OpenAI-compatible body (streamed or not) as it is, and only when
+    set; Anthropic's Messages API has no seed, so a model block may not give it one."""
+    from cortex_worker.llm.gateway import _request_body
+
+    messages = [{"role": "user", "content": "Go."}]
+    seeded = ModelConfig(model="m", temperature=0.7, seed=1125)
+    assert _request_body(seeded, messages, None)["seed"] == 1125
+    assert _request_body(seeded, messages, None, stream=False)["seed"] == 1125
+    assert "seed" not in _request_body(ModelConfig(model="m"), messages, None)
+    assert ModelConfig(model="m", seed=0).wire() == {"model": "m", "seed": 0}
+    with pytest.raises(ValueError, match="takes no seed"):
+        ModelConfig(provider="anthropic", seed=1)
+    for wrong in (-1, 2**31):
+        with pytest.raises(ValueError):
+            ModelConfig(model="m", seed=wrong)
+
+
 def test_a_model_on_the_wire_is_read_by_the_version_before_and_after() -> None:
     """`wire()` leaves defaults out (a worker of the version before reads it unless a new
     field is used); `from_wire` ignores a field a newer version wrote (a manifest may not)."""
