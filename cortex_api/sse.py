@@ -30,7 +30,12 @@ from starlette.types import Message, Send
 from cortex_api.agui import AgUiTranslator
 from cortex_api.errors import REDIS_ERRORS
 from cortex_worker.protocol.events import JOB_TERMINAL, TERMINAL_EVENTS
-from cortex_worker.store.connect import Silence, async_client, check_writable
+from cortex_worker.store.connect import (
+    SUBSCRIBER_PROTOCOL,
+    Silence,
+    async_client,
+    check_writable,
+)
 from cortex_worker.store.keys import channel, job_keys
 from cortex_worker.store.state import dumps
 
@@ -398,7 +403,8 @@ class EventHub:
 
         replays = async_client(url, retry=retry(), max_connections=max_connections,
                                pool_timeout=30, replica=True)
-        following = async_client(url, retry=retry(), replica=True)
+        following = async_client(url, retry=retry(), replica=True,
+                                 protocol=SUBSCRIBER_PROTOCOL)
         master = async_client(url, retry=retry(), max_connections=max_connections,
                               pool_timeout=30)
         return cls(replays, following, master=master, **kwargs)

@@ -13,6 +13,7 @@ from cortex_worker.manifests.loader import (
 )
 from cortex_worker.services.mcp.listing import shared_listing
 from cortex_worker.settings import get_settings
+from cortex_worker.store.connect import subscriber_client
 from cortex_worker.store.state import Store
 
 
@@ -49,8 +50,9 @@ def get_registry() -> Registry:
 
 @lru_cache(maxsize=1)
 def get_job_ends() -> JobEnds:
-    """The process's listener for job ends (one pub/sub connection, started on first use)."""
-    return JobEnds(get_store().redis)
+    """The process's listener for job ends (one pub/sub connection of its own client,
+    started on first use)."""
+    return JobEnds(subscriber_client(get_settings().redis_url))
 
 
 def reset() -> None:

@@ -81,11 +81,13 @@ class JobEnds:
         self._subscribed.wait(SUBSCRIBE_WAIT_S)
 
     def close(self) -> None:
-        """Stop listening, within POLL_S (a process that drops its runtime: the tests)."""
+        """Stop listening, within POLL_S (a process that drops its runtime: the tests), and
+        close the client (its own: `connect.subscriber_client`)."""
         self._closed.set()
         thread = self._thread
         if thread is not None:
             thread.join(POLL_S + RECONNECT_S + 1.0)
+        self._client.close()
 
     def _listen(self) -> None:
         while not self._closed.is_set():

@@ -35,7 +35,7 @@ from redis.asyncio.sentinel import MasterNotFoundError as AsyncMasterNotFoundErr
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.asyncio.sentinel import SentinelManagedConnection as AsyncSentinelConnection
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.exceptions import NoPermissionError, ReadOnlyError
 from redis.retry import Retry
 from redis.sentinel import (
@@ -57,6 +57,11 @@ SENTINEL_TIMEOUT_S = 2.0
 """How long a sentinel may take to answer which node is the master, before the next is asked."""
 PUBSUB_PING_S = 5.0
 """A subscribed connection that heard nothing this long asks for a PONG (`Silence`)."""
+SUBSCRIBER_PROTOCOL = 2
+"""The protocol of the clients that hold subscriptions (the job-end listener's, the API's event
+hub's). redis-py 8 speaks RESP3 by default, where Redis answers a PING in a subscription with a
+plain PONG, which redis-py's pub/sub parser, with decoded responses, drops as a malformed message:
+`Silence` would never hear its answer. RESP2 answers `["pong", ""]`, a message it returns."""
 READ_TIMEOUT_S = 5.0
 """How long a command may wait for its reply, beyond a wait it asks of the server itself: a
 master that froze with the command sent (its kernel still holds the connection open) fails it
@@ -348,21 +353,32 @@ def _socket_options(target: RedisTarget, *, socket_timeout: float | None,
     return options
 
 
+def _client_options(target: RedisTarget, retry: Retry | AsyncRetry, decode_responses: bool,
+                    health_check_interval: int, socket_timeout: float | None,
+                    socket_connect_timeout: float, protocol: int | None) -> dict[str, Any]:
+    """What every client is built with, sync or asyncio (`protocol` None: redis-py's)."""
+    options: dict[str, Any] = {
+        "decode_responses": decode_responses, "retry": retry,
+        "health_check_interval": health_check_interval,
+        **_socket_options(target, socket_timeout=socket_timeout,
+                          socket_connect_timeout=socket_connect_timeout)}
+    if protocol is not None:
+        options["protocol"] = protocol
+    return options
+
+
 def sync_client(url: str, *, retry: Retry, max_connections: int, pool_timeout: float,
                 socket_connect_timeout: float = CONNECT_TIMEOUT_S,
                 socket_timeout: float | None = READ_TIMEOUT_S, decode_responses: bool = True,
-                health_check_interval: int = 30) -> redis.Redis:
+                health_check_interval: int = 30, protocol: int | None = None) -> redis.Redis:
     """A client of the Redis `url` names (its master, for a Sentinel URL), on a blocking pool
     of `max_connections`; a command whose connection fails, or whose reply does not come
     within `socket_timeout`, is sent again as `retry` says (after a failover, to the master
     the sentinels name then)."""
     target = parse_url(url)
-    options: dict[str, Any] = {
-        "decode_responses": decode_responses, "retry": retry,
-        "health_check_interval": health_check_interval,
-        **_socket_options(target, socket_timeout=socket_timeout,
-                          socket_connect_timeout=socket_connect_timeout),
-        "max_connections": max_connections, "timeout": pool_timeout}
+    options = {**_client_options(target, retry, decode_responses, health_check_interval,
+                                 socket_timeout, socket_connect_timeout, protocol),
+               "max_connections": max_connections, "timeout": pool_timeout}
     if isinstance(target, PlainTarget):
         return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
     sentinel = Sentinel(list(target.sentinels),
@@ -373,10 +389,19 @@ def sync_client(url: str, *, retry: Retry, max_connections: int, pool_timeout: f
     return client
 
 
+def subscriber_client(url: str) -> redis.Redis:
+    """A client for one process's subscriptions (the job-end listener's): RESP2
+    (`SUBSCRIBER_PROTOCOL`), reads bounded by its reader's poll, and a broken connection made
+    again a few times with a backoff (through the sentinels, for a Sentinel URL)."""
+    return sync_client(url, retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+                       max_connections=2, pool_timeout=30.0, protocol=SUBSCRIBER_PROTOCOL)
+
+
 def async_client(url: str, *, retry: AsyncRetry, max_connections: int | None = None,
                  pool_timeout: float = 30.0, socket_connect_timeout: float = CONNECT_TIMEOUT_S,
                  socket_timeout: float | None = READ_TIMEOUT_S, decode_responses: bool = True,
-                 health_check_interval: int = 30, replica: bool = False) -> aioredis.Redis:
+                 health_check_interval: int = 30, replica: bool = False,
+                 protocol: int | None = None) -> aioredis.Redis:
     """The asyncio client of `url` (its master, for a Sentinel URL; with `replica`, one of its
     replicas, the master if it has none): on a blocking pool when `max_connections` is given,
     else on a pool of its own without a cap (pub/sub). A reply that does not come within
@@ -384,11 +409,8 @@ def async_client(url: str, *, retry: AsyncRetry, max_connections: int | None = N
     own timeout instead (redis-py 8: `get_message(timeout=...)`), so an idle subscription
     does not time out."""
     target = parse_url(url)
-    options: dict[str, Any] = {
-        "decode_responses": decode_responses, "retry": retry,
-        "health_check_interval": health_check_interval,
-        **_socket_options(target, socket_timeout=socket_timeout,
-                          socket_connect_timeout=socket_connect_timeout)}
+    options = _client_options(target, retry, decode_responses, health_check_interval,
+                              socket_timeout, socket_connect_timeout, protocol)
     if max_connections is not None:
         options.update(max_connections=max_connections, timeout=pool_timeout)
     if isinstance(target, PlainTarget):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 import redis
 
 from cortex_worker.jobs.ends import JobEnds, Watch
+from cortex_worker.store.connect import PUBSUB_PING_S, READ_TIMEOUT_S, subscriber_client
 from cortex_worker.store.keys import ENDED_CHANNEL
 from tests import harness
 
@@ -43,14 +45,17 @@ def server(tmp_path: Path) -> Iterator[harness.RedisServer]:
 def test_a_frozen_node_is_left_and_the_listener_hears_ends_again(
         server: harness.RedisServer, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="cortex_worker.jobs.ends")
-    client = server.client(decode_responses=True, socket_timeout=6)
-    ends = JobEnds(client)
+    ends = JobEnds(subscriber_client(server.url))  # as the process's (handles.get_job_ends)
     publisher = server.client(decode_responses=True)
     process = server.process
     assert process is not None
     try:
         with ends.watch("before") as watch:
             told(publisher, "before", watch)
+            # quiet for longer than PUBSUB_PING_S: its PING is answered, nothing is "lost"
+            quiet = threading.Event()
+            assert not quiet.wait(PUBSUB_PING_S + READ_TIMEOUT_S + 2)
+            assert not [r for r in caplog.records if LOST in r.getMessage()], caplog.text
 
         process.kill(signal.SIGSTOP)
         try:
@@ -66,5 +71,4 @@ def test_a_frozen_node_is_left_and_the_listener_hears_ends_again(
             told(publisher, "after", watch)
     finally:
         ends.close()
-        client.close()
         publisher.close()

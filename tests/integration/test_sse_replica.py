@@ -26,7 +26,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
 from cortex_api.sse import EventHub, job_events
-from cortex_worker.store.connect import async_client
+from cortex_worker.store.connect import PUBSUB_PING_S, READ_TIMEOUT_S, async_client
 from cortex_worker.store.keys import channel, job_keys
 from tests import harness
 
@@ -136,6 +136,9 @@ def test_the_hub_leaves_a_frozen_node_and_hears_events_again(
             try:
                 async with hub.listen(JOB) as listener:
                     await heard(listener, 1)
+                    # quiet for longer than PUBSUB_PING_S: its PING is answered, nothing lost
+                    await asyncio.sleep(PUBSUB_PING_S + READ_TIMEOUT_S + 2)
+                    assert not lost(), caplog.text
                     process.kill(signal.SIGSTOP)
                     try:
                         for _ in range(600):  # up to 120 s, a backstop
