@@ -43,12 +43,11 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-import redis  # noqa: E402
 
 from bench.common import pct, print_header, stop_on_sigterm  # noqa: E402
 from cortex_worker.store.state import Store  # noqa: E402
 from tests import harness  # noqa: E402
-from tests.sentinel import DelayingProxy  # noqa: E402
+from tests.sentinel import DelayingProxy, in_sync  # noqa: E402
 
 SETUPS = ("lone Redis", "replica, acks=0", "replica, acks=1")
 
@@ -107,16 +106,6 @@ def run(stores: Sequence[Store], jobs: int, actions: int) -> Sample:
     sample.writes = sum(counts)
     sample.latencies = [x for n in sorted(per_thread) for x in per_thread[n]]
     return sample
-
-
-def in_sync(port: int) -> bool:
-    client = redis.Redis(host=harness.LOOPBACK, port=port, decode_responses=True)
-    try:
-        return client.info("replication").get("master_link_status") == "up"
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
 
 
 def ms(seconds: float) -> str:
