@@ -3,6 +3,7 @@ each worker process runs besides them is `cortex_worker.worker.steps`."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NoReturn
 
 from celery import Task
@@ -13,6 +14,7 @@ from cortex_worker.handles import get_store
 from cortex_worker.jobs import feeds
 from cortex_worker.jobs import lifecycle as jobs
 from cortex_worker.jobs.turns import loop
+from cortex_worker.plan import canvas
 from cortex_worker.worker import signals, steps
 
 # Every worker imports this module (the app's `include`): its processes run the steps.
@@ -28,12 +30,14 @@ def start_job(job_id: str) -> None:
 
 @app.task(name="cortex.action", bind=True, ignore_result=True, max_retries=None)
 def run_action(self: Task, job_id: str, action_id: str, spec: dict[str, Any] | None = None,
-               trigger: bool | None = None) -> str:
+               trigger: bool | None = None, ahead: bool = False) -> str:
     """Run one action. Readiness dispatch sends the spec and `trigger`: the task sends the
-    dependents its end makes ready. A canvas step sends the ids, and the spec with `trigger`
-    false when the step before it had it (plan/canvas.py: `hand_on`; else the spec is read
-    from the job); Celery sends the next steps."""
-    return _execute(self, job_id, action_id, spec, spec is not None if trigger is None else trigger)
+    dependents its end makes ready (`ahead`: this message went before its dependency's
+    finish). A canvas step sends the ids, and the spec with `trigger` false when the step
+    before it had it (plan/canvas.py: `hand_on`; else the spec is read from the job); the
+    step sends the next one (`canvas.forward`)."""
+    return _execute(self, job_id, action_id, spec, spec is not None if trigger is None else trigger,
+                    ahead)
 
 
 @app.task(name="cortex.action.canvas", bind=True, ignore_result=True, max_retries=None)
@@ -44,14 +48,19 @@ def run_canvas_action(self: Task, job_id: str, action_id: str,
 
 
 def _execute(task: Task, job_id: str, action_id: str, spec: dict[str, Any] | None,
-             trigger: bool) -> str:
+             trigger: bool, ahead: bool = False) -> str:
     def again(countdown: float) -> NoReturn:
         # Another delivery holds the action: this same message is delivered again later. A
         # canvas step keeps its place in its chain (the chain does not move on before the
         # action has ended), and no worker slot waits meanwhile.
         raise task.retry(countdown=countdown)
 
-    return executor.execute(job_id, action_id, spec, trigger, None if trigger else again)
+    if trigger:
+        delivery = executor.Delivery(ahead=ahead)
+    else:
+        delivery = executor.Delivery(again=again, tries=task.request.retries or 0,
+                                     forward=partial(canvas.forward, task, job_id))
+    return executor.execute(job_id, action_id, spec, trigger, delivery)
 
 
 @app.task(name="cortex.agent_turn", ignore_result=True)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 from typing import Any, Protocol
 
 from celery import Celery
@@ -198,12 +199,33 @@ def send(job_id: str, specs: Iterable[Mapping[str, Any]], countdown: float | Non
     specs = list(specs)
     if not specs:
         return
-    specs = approvals.hold(get_store(), job_id, specs, get_registry(), get_settings())
+    _send(job_id, approvals.hold(get_store(), job_id, specs, get_registry(), get_settings()),
+          countdown=countdown)
+
+
+def ahead(job_id: str, specs: Iterable[Mapping[str, Any]]
+          ) -> tuple[list[str], Callable[[], None] | None]:
+    """The actions a running action's success will make ready, to send while its finish is on
+    its way to Redis (its claim foresaw them: executor.py): their ids, and what sends them.
+    One that may wait for a person does not go ahead (asking for it would come before the
+    end it waits for); its finish sends it. Each message says it went ahead: one that still
+    comes before that finish is dropped, and the finish sends it again (lua/claim.lua)."""
+    registry = get_registry()
+    specs = [s for s in specs if not approvals.waits_for_person(s, registry)]
+    if not specs:
+        return [], None
+    return [spec["id"] for spec in specs], partial(_send, job_id, specs, ahead=True)
+
+
+def _send(job_id: str, specs: Sequence[Mapping[str, Any]], *, countdown: float | None = None,
+          ahead: bool = False) -> None:
+    if not specs:
+        return
     broker = _sending.broker
     with broker.batch():
         for spec in specs:
-            broker.send_task(ACTION_TASK, [job_id, spec["id"], dict(spec), True],
-                             countdown=countdown, **_options(job_id, spec))
+            args = [job_id, spec["id"], dict(spec), True, *([True] if ahead else [])]
+            broker.send_task(ACTION_TASK, args, countdown=countdown, **_options(job_id, spec))
 
 
 def send_canvas(job_id: str, step: Step, specs: Mapping[str, Mapping[str, Any]]) -> None:

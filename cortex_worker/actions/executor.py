@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, NoReturn, Protocol
 
@@ -38,6 +39,33 @@ from cortex_worker.tools.errors import ToolError, ToolTimeout
 log = logging.getLogger(__name__)
 
 LEASE_GRACE_S = 30.0
+FORESEE = 8
+"""Dependents a claim foresees (lua/claim.lua): those the action's success alone makes ready,
+whose messages go out before its finish, so a hop waits for no finish round trip."""
+EARLY_RETRY_S = 0.01
+"""A canvas step that came before its dependency's finish comes back after this, doubled at
+each try (up to 5 s): that finish is on its way, or its action runs again."""
+
+
+Ahead = tuple[list[str], Callable[[], Any] | None]
+"""The dependents whose messages go out while an action's finish is on its way to Redis (their
+action ids), and what sends them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """How an action's message came, and what its task can do about it.
+
+    `again(countdown)` delivers this same message again later (it raises: a canvas step keeps
+    its place in its chain); without it a new readiness task is sent. `forward(specs)`: how a
+    canvas step's next step goes ahead of its finish, if its action is among the foreseen
+    `specs` (`canvas.forward`). `tries`: the times this message came back. `ahead`: it was
+    sent ahead of its dependencies' finish."""
+
+    again: Callable[[float], NoReturn] | None = None
+    forward: Callable[[list[dict[str, Any]]], Ahead] | None = None
+    tries: int = 0
+    ahead: bool = False
 
 
 class JobHooks(Protocol):
@@ -83,14 +111,15 @@ def action_timeout(spec: Mapping[str, Any]) -> float:
 
 
 def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: bool,
-            again: Callable[[float], NoReturn] | None = None) -> str:
+            delivery: Delivery = Delivery()) -> str:
     """Run one action; `trigger` sends its ready dependents (readiness dispatch).
 
     A canvas step (`trigger` false) carries its spec only if the step before it had it at
     hand (`canvas.hand_on`: a chain message holds every later step); else it is read here.
-    When another delivery holds the action, `again(countdown)` has this one delivered again
-    (it raises: a canvas step's task retries itself); without it a new readiness task is sent.
+    When another delivery holds the action, `delivery.again(countdown)` has this one
+    delivered again; without it a new readiness task is sent.
     """
+    again = delivery.again
     store = get_store()
     if spec is None:
         spec = store.spec(job_id, action_id)
@@ -106,7 +135,7 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
     lease = timeout + LEASE_GRACE_S
     caps = gates(job_id, spec)
     if not caps:
-        return _claim_and_run(store, job_id, action_id, spec, trigger, timeout, lease, again)
+        return _claim_and_run(store, job_id, action_id, spec, trigger, timeout, lease, delivery)
     # capped (its tenant's actions in flight, its tool's max_concurrency): a slot of each
     # first, or none (nothing is claimed or logged while the action waits in line)
     holder = f"{job_id}:{action_id}"
@@ -130,7 +159,7 @@ def execute(job_id: str, action_id: str, spec: dict[str, Any] | None, trigger: b
 
     try:
         state = _claim_and_run(store, job_id, action_id, spec, trigger, timeout, lease,
-                               held_elsewhere if again is not None else None)
+                               replace(delivery, again=held_elsewhere) if again else delivery)
         return state
     finally:
         # "busy": another delivery of this action runs it, in the slots this one found its
@@ -179,12 +208,14 @@ def _give_back(store: Store, taken: list[tuple[str, int]], holder: str) -> None:
 
 
 def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, Any],
-                   trigger: bool, timeout: float, lease: float,
-                   again: Callable[[float], NoReturn] | None) -> str:
+                   trigger: bool, timeout: float, lease: float, delivery: Delivery) -> str:
+    again = delivery.again
     names = sorted(find_references(spec.get("parameters", {})))
-    claim = store.claim(job_id, action_id, owner(), lease, names)
+    claim = store.claim(job_id, action_id, owner(), lease, names, ahead=delivery.ahead,
+                        foresee=FORESEE)
     if claim[0] == "busy" and is_dead(store, claim[1]):  # its holder died: take it over
-        claim = store.claim(job_id, action_id, owner(), lease, names, force=True)
+        claim = store.claim(job_id, action_id, owner(), lease, names, force=True,
+                            ahead=delivery.ahead, foresee=FORESEE)
     state = claim[0]
     if state == "busy":
         # Another delivery runs it. Look again when its lease runs out (at most 5 s from now),
@@ -196,6 +227,11 @@ def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, An
             again(wait)
         dispatch.send(job_id, [spec], countdown=wait)
         return "busy"
+    if state == "blocked" and delivery.ahead and again is not None:
+        # A canvas step sent ahead of its dependency's finish, which has not landed yet: it
+        # keeps its place in its chain and comes back (a readiness message is dropped, and
+        # that finish sends it again: lua/claim.lua).
+        again(min(EARLY_RETRY_S * 2 ** delivery.tries, 5.0))
     if state != "run":
         if state == "done" and trigger:
             dispatch.send(job_id, store.queued_dependents(job_id, action_id))
@@ -203,7 +239,8 @@ def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, An
         return state
 
     attempt = int(claim[1])
-    lookup = {n: json.loads(v) for n, v in zip(names, claim[2:], strict=True) if v is not None}
+    values, foreseen = claim[2:2 + len(names)], [json.loads(s) for s in claim[2 + len(names):]]
+    lookup = {n: json.loads(v) for n, v in zip(names, values, strict=True) if v is not None}
     params, unresolved = substitute(spec.get("parameters", {}), lookup)
     if unresolved:
         store.emit(job_id, [("warning", {
@@ -228,10 +265,16 @@ def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, An
                                                "status": status, "error": error},
                            attempt=attempt, holder=owner()):
                 time.sleep(min(0.1 * 2 ** (attempt - 1), 5.0))
-                return execute(job_id, action_id, spec, trigger, again)
+                return execute(job_id, action_id, spec, trigger, delivery)
             return "stop"
+        now = time.time()  # the end is known: the events' time, before anything is sent
+        ahead: Ahead = ([], None)
+        if status == "ok" and trigger:
+            ahead = dispatch.ahead(job_id, [d for d in foreseen if not gates(job_id, d)])
+        elif status == "ok" and delivery.forward is not None:
+            ahead = delivery.forward(foreseen)  # the chain's next step, if foreseen
         return _record(store, job_id, action_id, spec, trigger, status, value, error, attempt,
-                       started, finished, holder=owner())
+                       started, finished, holder=owner(), ahead=ahead, now=now)
     except Fenced as exc:  # another attempt holds it now: this one's outcome is dropped
         fencing.refused(exc)
         return "stale"
@@ -296,8 +339,11 @@ def record_outcome(store: Store, job_id: str, action_id: str, spec: Mapping[str,
 
 def _record(store: Store, job_id: str, action_id: str, spec: Mapping[str, Any], trigger: bool,
             status: str, value: Any, error: str | None, attempt: int, started: float,
-            finished: float, *, holder: str = "", fence: int | None = None) -> str:
-    """Record the outcome; with `holder`, only while `attempt` is current (fencing)."""
+            finished: float, *, holder: str = "", fence: int | None = None,
+            ahead: Ahead = ([], None), now: float | None = None) -> str:
+    """Record the outcome; with `holder`, only while `attempt` is current (fencing).
+    `ahead`: the dependents sent while the finish is on its way, and how (`Store.finish`);
+    `now`: when the end was known."""
     limit = get_settings().max_output_bytes
     truncated = False
     if status == "ok":
@@ -320,7 +366,7 @@ def _record(store: Store, job_id: str, action_id: str, spec: Mapping[str, Any], 
         var, event = {"error": error, "status": status}, EventType.action_failed
     result = store.finish(job_id, action_id, status, record, var, spec.get("output_key"),
                           (event, data), attempt=attempt if holder else None, holder=holder,
-                          fence=fence)
+                          fence=fence, ahead=ahead[0], send_ahead=ahead[1], now=now)
     if not result.recorded:
         return "duplicate"
     if status != "ok":

@@ -37,6 +37,13 @@ def required(spec: Mapping[str, Any], registry: Registry) -> bool:
     return agent is not None and agent.approval.requires(spec["name"])
 
 
+def waits_for_person(spec: Mapping[str, Any], registry: Registry) -> bool:
+    """Whether `hold` may keep this action back: it needs an approval, or its target may be
+    one of the job's client tools (read from the job only when `hold` runs)."""
+    return (ACTION_TYPES[spec["type"]].client_target(registry, spec["name"])
+            or required(spec, registry))
+
+
 def timeout_s(spec: Mapping[str, Any], registry: Registry, settings: Settings) -> float:
     """How long a request may go unanswered before it is rejected."""
     agent = registry.agents.get(spec.get("agent") or "")

@@ -14,9 +14,9 @@ a few bytes a step instead of Celery's 230 (see `StepRun`). A worker turns the e
 into its first step, whose own message carries the rest of the run.
 
 A step also carries its action's spec when the step before it, in the same worker thread,
-has just read it (`hand_on`): the finish of an action returns the specs of the actions it
-made ready, and Celery's tracer sends the chain's next step right after the task returns, so
-that step does not read its spec again.
+has it at hand (`hand_on`): an action's claim returns the specs of the dependents its success
+alone makes ready, and the step sends the chain's next step itself (`forward`) as soon as its
+action has succeeded, before its finish, so that step does not read its spec again.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from celery.canvas import Signature, chain, group
+from celery.canvas import Signature, chain, group, maybe_signature
 
 from cortex_worker.plan.dag import Plan
 
@@ -207,20 +207,53 @@ class _Run:
 
 
 class _Handoff(threading.local):
-    """The specs a step of this thread made ready, by task id (`hand_on`)."""
+    """The specs a step of this thread made ready, by task id (`hand_on`), and whether they
+    are sent ahead of its finish."""
 
     def __init__(self) -> None:
         self.specs: dict[str, dict[str, Any]] = {}
+        self.ahead = False
 
 
 _handoff = _Handoff()
 
 
-def hand_on(job_id: str, specs: Sequence[dict[str, Any]]) -> None:
-    """Keep the specs of the actions a canvas step's end made ready for the chain's next step,
-    which this thread sends next (Celery's tracer, once the task returns): it then carries
-    its spec and does not read it. Only the latest step's are kept."""
+def hand_on(job_id: str, specs: Sequence[dict[str, Any]], *, ahead: bool = False) -> None:
+    """Keep the specs of the actions a canvas step's end makes ready for the chain's next step,
+    which this thread sends next (`forward`, or Celery's tracer once the task returns): it
+    then carries its spec and does not read it (`ahead`: and says it went before that end
+    was recorded). Only the latest step's are kept."""
     _handoff.specs = {f"{job_id}:{spec['id']}": spec for spec in specs}
+    _handoff.ahead = ahead
+
+
+def forward(task: Any, job_id: str, specs: Sequence[dict[str, Any]]
+            ) -> tuple[list[str], Callable[[], None] | None]:
+    """How the running canvas step's next step goes ahead of this step's finish, when it is a
+    plain step whose action this step's success alone makes ready (its claim foresaw
+    `specs`): its action id, and what sends it as Celery's tracer would once the task returns
+    (the tracer then finds no chain left to send). Else nothing: the tracer sends the rest.
+    A step sent ahead that still comes before that finish is not ready, and comes back
+    (executor.py)."""
+    request = task.request
+    following = request.chain[-1] if request.chain else None
+    if not (isinstance(following, dict) and following.get("subtask_type") == STEP_RUN
+            and following["job"] == job_id
+            and following["ids"][0] in {spec["id"] for spec in specs}):
+        return [], None
+
+    def send() -> None:
+        hand_on(job_id, specs, ahead=True)
+        rest = request.chain[:-1]
+        request.chain = None
+        app = task.app
+        priority = (request.delivery_info or {}).get("priority") \
+            if app.conf.task_inherit_parent_priority else None
+        app.amqp._retry_publish(maybe_signature(following, app=app).apply_async, (),
+                                chain=rest, parent_id=request.id,
+                                root_id=request.root_id or request.id, priority=priority)
+
+    return [following["ids"][0]], send
 
 
 def _step(task: str, job_id: str, action_id: str, queue: str, priority: int | None,
@@ -231,6 +264,8 @@ def _step(task: str, job_id: str, action_id: str, queue: str, priority: int | No
     task_id = f"{job_id}:{action_id}"
     spec = _handoff.specs.pop(task_id, None)
     args: list[Any] = [job_id, action_id] if spec is None else [job_id, action_id, spec, False]
+    if spec is not None and _handoff.ahead:
+        args.append(True)
     options: dict[str, Any] = {"queue": queue, "task_id": task_id,
                                "argsrepr": repr((job_id, action_id)), "kwargsrepr": "{}"}
     if priority is not None:

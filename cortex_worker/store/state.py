@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -64,9 +64,9 @@ def _lua(name: str, prelude: bool = True) -> str:
             "return once(body)\n")
 
 
-def _clock() -> str:
+def _clock(now: float | None = None) -> str:
     """A job script's ARGV[2]: the clock, and a new write id (lua/prelude.lua: `once`)."""
-    return f"{time.time()!r}|{os.urandom(8).hex()}"
+    return f"{time.time() if now is None else now!r}|{os.urandom(8).hex()}"
 
 
 def dumps(value: Any) -> str:
@@ -231,11 +231,19 @@ class Store:
                                socket_timeout=READ_TIMEOUT_S + replica_wait_ms / 1000),
                    replica_acks=replica_acks, replica_wait_ms=replica_wait_ms)
 
-    def _run(self, name: str, job_id: str, *args: Any, extra_keys: Sequence[str] = ()) -> Any:
+    def _run(self, name: str, job_id: str, *args: Any, extra_keys: Sequence[str] = (),
+             now: float | None = None, meanwhile: Callable[[], Any] | None = None) -> Any:
         """Run a job script once (its write id goes with every resend), and go on once the
-        replicas have it (`replication`)."""
+        replicas have it (`replication`). `now`: the clock the script sees, if not the
+        present. `meanwhile`: called once the script is on its way to Redis, before its reply
+        is read (it is called in any case, once)."""
         keys = [*job_keys(job_id)[:SCRIPT_KEYS], *extra_keys]
-        argv = [job_id, _clock(), *args]
+        argv = [job_id, _clock(now), *args]
+        if meanwhile is not None:
+            return self._overlapped(name, keys, argv, meanwhile)
+        return self._execute(name, keys, argv)
+
+    def _execute(self, name: str, keys: Sequence[str], argv: Sequence[Any]) -> Any:
         script = self._scripts[name]
         acks = self.replication.acks()
         if not acks:
@@ -252,6 +260,47 @@ class Store:
             else:
                 raise redis.exceptions.NoScriptError(f"script {name} could not be loaded")
         self.replication.acked(int(acked), acks, name)
+        return out
+
+    def _overlapped(self, name: str, keys: Sequence[str], argv: Sequence[Any],
+                    meanwhile: Callable[[], Any]) -> Any:
+        """`_execute` with `meanwhile()` between sending the script and reading its reply.
+        Anything unusual (the script not loaded on a new master, a broken connection) drops
+        the connection and runs the script the usual way: with the same write id, a script
+        that did run changes nothing the second time (lua/prelude.lua: `once`)."""
+        script = self._scripts[name]
+        acks = self.replication.acks()
+        pool = self.redis.connection_pool
+        connection: Any = None
+        try:
+            connection = pool.get_connection()
+            connection.send_command("EVALSHA", script.sha, len(keys), *keys, *argv)
+            if acks:
+                connection.send_command("WAIT", acks, self.replication.wait_ms)
+        except redis.exceptions.RedisError:
+            if connection is not None:
+                connection.disconnect()
+                pool.release(connection)
+            connection = None
+        try:
+            meanwhile()
+        except BaseException:
+            if connection is not None:  # its reply is never read: the connection cannot serve
+                connection.disconnect()
+                pool.release(connection)
+            raise
+        if connection is None:
+            return self._execute(name, keys, argv)
+        try:
+            out = connection.read_response()
+            acked = connection.read_response() if acks else None
+        except redis.exceptions.RedisError:
+            connection.disconnect()
+            return self._execute(name, keys, argv)
+        finally:
+            pool.release(connection)
+        if acks:
+            self.replication.acked(int(acked), acks, name)
         return out
 
     def _barrier(self, what: str) -> None:
@@ -829,18 +878,30 @@ class Store:
         return Dispatch(ready=[{"id": i} for i in out[:bar]], drained=bool(int(out[bar + 1])))
 
     def claim(self, job_id: str, action_id: str, owner: str, lease_s: float,
-              names: Sequence[str] = (), *, force: bool = False) -> list[Any]:
-        return self._run("claim", job_id, action_id, owner, repr(lease_s), "1" if force else "0", *names)
+              names: Sequence[str] = (), *, force: bool = False, ahead: bool = False,
+              foresee: int = 0) -> list[Any]:
+        """Take the action's lease: `["run", attempt, value of each of `names`..., spec of each
+        foreseen dependent...]`, or `["done"]`, `["stop"]`, `["blocked"]`, `["busy", holder,
+        expiry]`. `force`: take over a lease. `ahead`: the message was sent ahead of its
+        dependencies' finish (a `blocked` one has that finish send it again). `foresee`: at
+        most this many dependents that this action's success alone makes ready (lua/claim.lua),
+        whose messages may go out ahead of its finish."""
+        return self._run("claim", job_id, action_id, owner, repr(lease_s), "1" if force else "0",
+                         "1" if ahead else "0", str(foresee), *names)
 
     def finish(self, job_id: str, action_id: str, status: str, record: dict[str, Any],
                value: Any, output_key: str | None, event: tuple[str, dict[str, Any]], *,
-               attempt: int | None = None, holder: str = "", fence: int | None = None
-               ) -> Dispatch:
+               attempt: int | None = None, holder: str = "", fence: int | None = None,
+               ahead: Sequence[str] = (), send_ahead: Callable[[], Any] | None = None,
+               now: float | None = None) -> Dispatch:
         """Record an action's end once and walk its dependents. `attempt` (held by `holder`)
-        or the recording turn's `fence`: Fenced if it is no longer current."""
+        or the recording turn's `fence`: Fenced if it is no longer current. `ahead`: the
+        dependents whose messages `send_ahead()` sends, once this finish is on its way to
+        Redis (a message that still comes before it is sent again: none is in `ready`
+        otherwise). `now`: when the action's end was known (its events' time)."""
         out = self._run("finish", job_id, action_id, status, dumps(record), dumps(value),
                         output_key or "", event[0], dumps(event[1]), _fence(attempt), holder,
-                        _fence(fence))
+                        _fence(fence), "\n".join(ahead), now=now, meanwhile=send_ahead)
         if out == ["stale"]:
             raise Fenced(f"result of action {action_id}", job_id,
                          f"attempt {attempt}" if attempt is not None else f"turn fence {fence}")

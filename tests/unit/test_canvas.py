@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,7 +15,15 @@ from celery.canvas import _chain as chain
 from celery.canvas import _chord as chord
 
 from cortex_worker.actions import dispatch, executor
-from cortex_worker.plan.canvas import STEP_RUN, CompactChain, compact, decompose, hand_on, to_canvas
+from cortex_worker.plan.canvas import (
+    STEP_RUN,
+    CompactChain,
+    compact,
+    decompose,
+    forward,
+    hand_on,
+    to_canvas,
+)
 from cortex_worker.plan.dag import build_plan
 from cortex_worker.protocol.actions import Action
 
@@ -172,8 +181,8 @@ def test_a_worker_takes_a_run_step_by_step(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_the_next_step_carries_the_spec_its_predecessor_made_ready() -> None:
-    """A step's finish returns the specs it made ready (`hand_on`): the chain's next step,
-    sent by the same thread right after, carries its spec instead of reading it."""
+    """A step hands on the specs it made ready (`hand_on`): the chain's next step, sent by
+    the same thread right after, carries its spec instead of reading it."""
     app = Celery("t", set_as_current=False)
     spec = {"id": "b", "type": "tool", "name": "echo", "parameters": {}}
     hand_on("j1", [spec, {"id": "x", "type": "tool", "name": "echo"}])
@@ -185,6 +194,33 @@ def test_the_next_step_carries_the_spec_its_predecessor_made_ready() -> None:
     assert signature(entry, app=app).args == ("j1", "b")  # taken once
     hand_on("j1", [])
     assert signature({**entry, "ids": ["x"]}, app=app).args == ("j1", "x")  # only the latest
+
+
+def test_a_step_sends_its_next_step_ahead_of_its_finish(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When its claim foresaw the next step's action, a step sends that step itself, as
+    Celery's tracer would, with its spec and marked as sent ahead; the tracer then finds no
+    chain left to send. Any other next step is left to the tracer, after the finish."""
+    app = Celery("t", set_as_current=False)
+    spec = {"id": "b", "type": "tool", "name": "echo", "parameters": {}}
+    later = {"subtask_type": "chord"}
+    entry = {"subtask_type": STEP_RUN, "task": "cortex.action", "job": "j1", "ids": ["b", "c"],
+             "queue": "tool"}
+
+    def task(chain_: list[Any]) -> Any:
+        request = SimpleNamespace(chain=chain_, id="j1:a", root_id="j1:r", delivery_info={})
+        return SimpleNamespace(request=request, app=app)
+
+    waiting = task([later, entry])
+    assert forward(waiting, "j1", [{"id": "x"}]) == ([], None)  # b is not foreseen
+    assert forward(task([entry, later]), "j1", [spec]) == ([], None)  # not a plain step next
+    assert waiting.request.chain == [later, entry]  # untouched: the tracer sends it
+    ahead = task([later, entry])
+    ids, send = forward(ahead, "j1", [spec])
+    assert ids == ["b"] and send is not None
+    b, rest = sent(monkeypatch, send)
+    assert b.args == ("j1", "b", spec, False, True)  # its spec; no trigger; sent ahead
+    assert rest == [later, {**entry, "ids": ["c"]}]
+    assert ahead.request.chain is None  # nothing left for the tracer
 
 
 def test_steps_a_run_cannot_hold_travel_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -272,7 +308,7 @@ def test_busy_canvas_step_asks_to_be_delivered_again(busy: BusyStore,
     monkeypatch.setattr(executor.dispatch, "send", lambda *a, **k: pytest.fail("sent a task"))
     countdowns: list[float] = []
     with pytest.raises(Again):
-        executor.execute("j1", "a", None, False, again_after(countdowns))
+        executor.execute("j1", "a", None, False, executor.Delivery(again=again_after(countdowns)))
     assert busy.claims == 1  # one look, no polling
     # when the holder's lease ends (its 2 s less the time this took: at least the 0.5 s floor)
     assert len(countdowns) == 1 and 0.5 <= countdowns[0] <= 2.0
@@ -282,7 +318,7 @@ def test_busy_step_looks_again_at_most_5_s_later(busy: BusyStore) -> None:
     busy.until = time.time() + 600
     countdowns: list[float] = []
     with pytest.raises(Again):
-        executor.execute("j1", "a", None, False, again_after(countdowns))
+        executor.execute("j1", "a", None, False, executor.Delivery(again=again_after(countdowns)))
     assert countdowns == [5.0]
 
 
@@ -302,16 +338,19 @@ def test_a_busy_canvas_step_task_retries_itself(monkeypatch: pytest.MonkeyPatch)
         pass
 
     class FakeTask:
+        request = SimpleNamespace(retries=0)
+
         def retry(self, countdown: float) -> Exception:
             self.countdown = countdown
             return Retried()
 
     calls: list[tuple[Any, ...]] = []
 
-    def busy_execute(job_id: str, action_id: str, spec: Any, trigger: bool, again: Any) -> str:
-        calls.append((job_id, action_id, spec, trigger, again))
-        if again is not None:
-            again(1.25)
+    def busy_execute(job_id: str, action_id: str, spec: Any, trigger: bool,
+                     delivery: Any) -> str:
+        calls.append((job_id, action_id, spec, trigger, delivery.again))
+        if delivery.again is not None:
+            delivery.again(1.25)
         return "busy"
 
     monkeypatch.setattr(tasks.executor, "execute", busy_execute)

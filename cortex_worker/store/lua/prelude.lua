@@ -110,7 +110,7 @@ local function m_ended(id, status)
   local t = f[1] or 'unknown'
   redis.call('HINCRBY', M_COUNTERS, 'actions_ended|' .. t .. '|' .. status, 1)
   if f[2] then m_observe(M_DURATION, t .. '|' .. status, tonumber(NOW) - tonumber(f[2])) end
-  redis.call('HDEL', K_TM, 't|' .. id, 's|' .. id, 'q|' .. id)
+  redis.call('HDEL', K_TM, 't|' .. id, 's|' .. id, 'q|' .. id, 'e|' .. id)
 end
 
 -- close, before it cancels: count the job's end and the actions it is about to cancel.
