@@ -214,18 +214,26 @@ def ahead(job_id: str, specs: Iterable[Mapping[str, Any]]
     specs = [s for s in specs if not approvals.waits_for_person(s, registry)]
     if not specs:
         return [], None
-    return [spec["id"] for spec in specs], partial(_send, job_id, specs, ahead=True)
+    messages = [([job_id, spec["id"], dict(spec), True, True], _options(job_id, spec))
+                for spec in specs]
+    return [spec["id"] for spec in specs], partial(_publish, messages)
 
 
-def _send(job_id: str, specs: Sequence[Mapping[str, Any]], *, countdown: float | None = None,
-          ahead: bool = False) -> None:
-    if not specs:
+def _send(job_id: str, specs: Sequence[Mapping[str, Any]], *,
+          countdown: float | None = None) -> None:
+    _publish([([job_id, spec["id"], dict(spec), True], _options(job_id, spec))
+              for spec in specs], countdown=countdown)
+
+
+def _publish(messages: Sequence[tuple[list[Any], dict[str, Any]]], *,
+             countdown: float | None = None) -> None:
+    """Send action tasks: (args, options) each."""
+    if not messages:
         return
     broker = _sending.broker
     with broker.batch():
-        for spec in specs:
-            args = [job_id, spec["id"], dict(spec), True, *([True] if ahead else [])]
-            broker.send_task(ACTION_TASK, args, countdown=countdown, **_options(job_id, spec))
+        for args, options in messages:
+            broker.send_task(ACTION_TASK, args, countdown=countdown, **options)
 
 
 def send_canvas(job_id: str, step: Step, specs: Mapping[str, Mapping[str, Any]]) -> None:

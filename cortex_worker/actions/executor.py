@@ -247,6 +247,8 @@ def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, An
             "kind": "unresolved_reference", "action_id": action_id,
             "message": f"{u.text} in action {action_id!r} was left as written: {u.reason}"})
             for u in unresolved])
+    # what its success sends ahead, made ready now: not on the path from its end to theirs
+    ready_ahead = _ahead(job_id, foreseen, trigger, delivery)
     started = time.time()
     with tracing.action_span(job_id, spec, attempt) as span, \
             fencing.holding(job_id, action_id, attempt) as held:
@@ -268,16 +270,23 @@ def _claim_and_run(store: Store, job_id: str, action_id: str, spec: dict[str, An
                 return execute(job_id, action_id, spec, trigger, delivery)
             return "stop"
         now = time.time()  # the end is known: the events' time, before anything is sent
-        ahead: Ahead = ([], None)
-        if status == "ok" and trigger:
-            ahead = dispatch.ahead(job_id, [d for d in foreseen if not gates(job_id, d)])
-        elif status == "ok" and delivery.forward is not None:
-            ahead = delivery.forward(foreseen)  # the chain's next step, if foreseen
         return _record(store, job_id, action_id, spec, trigger, status, value, error, attempt,
-                       started, finished, holder=owner(), ahead=ahead, now=now)
+                       started, finished, holder=owner(),
+                       ahead=ready_ahead if status == "ok" else ([], None), now=now)
     except Fenced as exc:  # another attempt holds it now: this one's outcome is dropped
         fencing.refused(exc)
         return "stale"
+
+
+def _ahead(job_id: str, foreseen: list[dict[str, Any]], trigger: bool,
+           delivery: Delivery) -> Ahead:
+    """The messages to send while the action's finish is on its way (if it succeeds): its
+    foreseen dependents that take no slot (readiness), or its chain's next step (canvas)."""
+    if trigger:
+        return dispatch.ahead(job_id, [d for d in foreseen if not gates(job_id, d)])
+    if delivery.forward is not None and foreseen:
+        return delivery.forward(foreseen)
+    return [], None
 
 
 def _stop_sandboxes(thread: int) -> None:
