@@ -43,7 +43,14 @@ def celery_inspector(settings: Settings, timeout: float) -> Inspector:
         nonlocal app
         if app is None:
             app = create_app(settings)
-        return count_workers(app.control.inspect(timeout=timeout).active_queues())
+        try:
+            return count_workers(app.control.inspect(timeout=timeout).active_queues())
+        except Exception:
+            # kombu does not retry a command that timed out: a broker connection left open to
+            # a master that froze would fail each probe in turn. The next probe starts afresh.
+            app.close()
+            app = None
+            raise
 
     return inspect
 

@@ -6,6 +6,7 @@ Failover itself is tested with real sentinels in tests/integration/test_sentinel
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,12 +16,15 @@ from pydantic import ValidationError
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, SentinelConnectionPool
 
+from cortex_api import readiness
 from cortex_api.app import create_app as create_api
 from cortex_api.readiness import ReadinessProbe
 from cortex_worker.app import create_app
+from cortex_worker.pools import NAMES
 from cortex_worker.settings import Settings
 from cortex_worker.store.connect import (
     DEFAULT_SENTINEL_PORT,
@@ -187,6 +191,37 @@ def test_readiness_names_a_read_only_redis() -> None:
         probe.close()
     assert (result.status, result.redis) == ("not_ready", False)
     assert result.error == "redis: Redis is read-only (a replica of 10.0.0.9:6379)"
+
+
+def test_an_inspect_that_failed_is_made_again_on_a_new_broker_connection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kombu does not send a command that timed out again: the control app of a probe that
+    failed (a connection left open to a frozen master) is closed, and the next probe builds
+    another, instead of failing on the old connection again."""
+    apps: list[Any] = []
+
+    class App:
+        def __init__(self) -> None:
+            self.closed = False
+            self.control = SimpleNamespace(inspect=lambda timeout: SimpleNamespace(
+                active_queues=self.active_queues))
+            apps.append(self)
+
+        def active_queues(self) -> dict[str, Any]:
+            if len(apps) == 1:
+                raise RedisTimeoutError("Timeout reading from socket")
+            return {"tool@a": [{"name": "tool"}], "agent@a": [{"name": "agent"}]}
+
+        def close(self) -> None:
+            self.closed = True
+
+    monkeypatch.setattr(readiness, "create_app", lambda settings: App())
+    inspect = readiness.celery_inspector(Settings(manifests=TEST_MANIFESTS), timeout=1.0)
+    with pytest.raises(RedisTimeoutError):
+        inspect()
+    assert inspect() == {**dict.fromkeys(NAMES, 0), "tool": 1, "agent": 1}
+    assert [app.closed for app in apps] == [True, False]
+    assert inspect()["tool"] == 1 and len(apps) == 2  # a working app is kept
 
 
 def test_no_master_found_is_one_line() -> None:
