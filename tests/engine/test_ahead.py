@@ -183,3 +183,17 @@ def test_a_canvas_step_sent_ahead_that_comes_first_keeps_its_place(
                              executor.Delivery(again=again, tries=tries, ahead=True))
     assert countdowns == [executor.EARLY_RETRY_S, executor.EARLY_RETRY_S * 8]
     assert executor.execute("j", "b", None, False, executor.Delivery(again=again)) == "blocked"
+
+
+def test_a_claim_looks_at_a_bounded_number_of_dependents(store: Store) -> None:
+    """An action with many dependents that wait for another action too is not walked at each
+    claim: at most 8 looks per dependent asked for (its finish walks them all)."""
+    job_id = "ahead-bounded"
+    many = [{"id": f"d{i}", "deps": ["a", "b"]} for i in range(20)]
+    _plan(store, job_id, [{"id": "a", "deps": []}, {"id": "b", "deps": []}, *many,
+                          {"id": "last", "deps": ["a"]}])
+    assert _foreseen(store.claim(job_id, "a", "w:1", 60, foresee=2)) == []  # 16 looks: d0-d15
+    job_id = "ahead-bounded-near"
+    _plan(store, job_id, [{"id": "a", "deps": []}, {"id": "b", "deps": []}, *many[:5],
+                          {"id": "last", "deps": ["a"]}])
+    assert _foreseen(store.claim(job_id, "a", "w:1", 60, foresee=2)) == ["last"]

@@ -37,14 +37,18 @@ for i = 9, #ARGV do
 end
 -- Foresee: the dependents this action's success alone will make ready (every other dependency
 -- has ended, none poisons them) and the job's parallelism has room for. Their messages can go
--- out ahead of this action's finish (executor.py: `_record`).
+-- out ahead of this action's finish (executor.py: `_ahead`).
 local room = math.min(tonumber(ARGV[8]),
   tonumber(redis.call('HGET', K_JOB, 'limit') or '1000000')
   - tonumber(redis.call('HGET', K_JOB, 'running') or '0') + 1)
+-- At most 8 times as many dependents as asked for are looked at: an action with a thousand
+-- dependents that wait for others too is not walked at each claim (its finish walks them).
+local looks = 8 * tonumber(ARGV[8])
 local deps = room > 0 and redis.call('HGET', K_DEPS, id)
 if deps then
   for edge in string.gmatch(deps, '[^\n]+') do
-    if room <= 0 then break end
+    if room <= 0 or looks <= 0 then break end
+    looks = looks - 1
     local d = string.sub(edge, 2)
     if redis.call('HGET', K_PENDING, d) == '1' and redis.call('HGET', K_STATUS, d) == 'pending'
        and not (redis.call('HGET', K_POISON, d) and redis.call('HGET', K_ONERR, d) ~= 'continue') then
