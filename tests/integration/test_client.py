@@ -126,7 +126,9 @@ def assert_whole(events: list[Event]) -> None:
 
 def test_a_document_job_is_submitted_and_waited_for(client: Client) -> None:
     job = client.submit_document(ECHO)
-    assert job.status in ("queued", "running") and job.links.events == f"/v1/jobs/{job.id}/events"
+    # the status as the API read it back: a worker may have taken the job that far already
+    assert job.status in ("queued", "running", "finishing", "completed")
+    assert job.links.events == f"/v1/jobs/{job.id}/events"
 
     view = client.wait(job.id, timeout=30)
 
