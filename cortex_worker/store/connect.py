@@ -77,21 +77,12 @@ KEEPALIVE_INTERVAL_S = 5
 KEEPALIVE_PROBES = 3
 """Probes unanswered before the kernel closes the connection: a peer gone without a FIN or an
 RST (a partition, a paused VM, a host powered off) is noticed within 10 + 3 x 5 = 25 s."""
-BROKER_HEALTH_CHECK_S = 1
+BROKER_HEALTH_CHECK_S = 5
 """kombu's health checks of the broker's connections, this often: a BRPOP whose reply is
 `brpop_timeout` (1 s) + this overdue is dropped and sent again on a new connection, and a
-pub/sub connection (a worker's control mailbox) that missed two PINGs' replies is dropped and
-subscribed again. redis-py PINGs only a connection that has read nothing for this long, so
-the mailbox's loss took 3-4 checks: at 5 s, a worker answered no broadcast (`/readyz`'s
-inspect) for 18-23 s after its master froze; at 1 s, within 4-7 s. redis-py also PINGs a
-connection idle this long before its next command. (kombu's default, 25 s, left a worker up
-to 51 s on a frozen master.)"""
-BROKER_READ_TIMEOUT_S = 2.0
-"""How long a broker command may wait for its reply (the state store's `READ_TIMEOUT_S` also
-covers a write's WAIT; the broker asks for no such wait, and a BRPOP is read only once its
-reply is there). A pooled connection still open to a frozen master fails its next command, or
-the health check's PING before it, within this, and is replaced: a worker's first reply after
-a failover, and the API's first inspect, no longer wait 5 s each on one."""
+pub/sub connection that missed two PINGs' replies is dropped and subscribed again (kombu's
+default, 25 s, leaves a worker up to 51 s on a frozen master; redis-py also PINGs a
+connection idle this long before its next command)."""
 
 
 class RedisUrlError(CortexError, ValueError):
@@ -510,13 +501,13 @@ def celery_backend_socket_config(url: str) -> dict[str, Any]:
 def celery_socket_options(url: str) -> dict[str, Any]:
     """kombu's Redis transport options that keep the broker's connections off a frozen
     master (to merge into `broker_transport_options`; {} for another broker): a command's
-    reply waits `BROKER_READ_TIMEOUT_S` at most (a BRPOP is read only once its reply is there,
-    so its own timeout is not cut short), connections are opened within `CONNECT_TIMEOUT_S` and
+    reply waits `READ_TIMEOUT_S` at most (a BRPOP is read only once its reply is there, so
+    its own timeout is not cut short), connections are opened within `CONNECT_TIMEOUT_S` and
     kept alive as the state store's are, and kombu's checks of its BRPOP and pub/sub
     connections run every `BROKER_HEALTH_CHECK_S`."""
     if not is_redis_url(url):
         return {}
-    options: dict[str, Any] = {"socket_timeout": BROKER_READ_TIMEOUT_S,
+    options: dict[str, Any] = {"socket_timeout": READ_TIMEOUT_S,
                                "socket_connect_timeout": CONNECT_TIMEOUT_S,
                                "health_check_interval": BROKER_HEALTH_CHECK_S}
     if not url.lower().startswith("unix://"):

@@ -19,7 +19,6 @@ from cortex_worker.app import create_app
 from cortex_worker.settings import Settings
 from cortex_worker.store.connect import (
     BROKER_HEALTH_CHECK_S,
-    BROKER_READ_TIMEOUT_S,
     CONNECT_TIMEOUT_S,
     READ_TIMEOUT_S,
     celery_socket_options,
@@ -108,11 +107,8 @@ def test_a_unix_socket_client_gets_the_timeouts_without_tcp_options(tmp_path: An
 def test_the_broker_is_bounded_and_checked_often(url: str) -> None:
     app = create_app(Settings(redis_url=url, manifests=TEST_MANIFESTS))
     options = app.conf.broker_transport_options
-    _bounded(options, BROKER_READ_TIMEOUT_S)
+    _bounded(options, READ_TIMEOUT_S)
     assert options["health_check_interval"] == BROKER_HEALTH_CHECK_S
-    # a frozen master: its pooled connections fail within seconds, and a worker's mailbox
-    # (two missed PINGs, a PING only after a quiet check interval) within a few more
-    assert BROKER_READ_TIMEOUT_S < READ_TIMEOUT_S and BROKER_HEALTH_CHECK_S <= 1
     # kombu's Redis channel (and its Sentinel channel) reads each of them
     assert {"socket_timeout", "socket_connect_timeout", "socket_keepalive",
             "socket_keepalive_options", "health_check_interval"} <= set(
