@@ -214,15 +214,21 @@ def ahead(job_id: str, specs: Iterable[Mapping[str, Any]]
     specs = [s for s in specs if not approvals.waits_for_person(s, registry)]
     if not specs:
         return [], None
-    messages = [([job_id, spec["id"], dict(spec), True, True], _options(job_id, spec))
-                for spec in specs]
+    messages = [_message(job_id, spec, ahead=True) for spec in specs]
     return [spec["id"] for spec in specs], partial(_publish, messages)
 
 
 def _send(job_id: str, specs: Sequence[Mapping[str, Any]], *,
           countdown: float | None = None) -> None:
-    _publish([([job_id, spec["id"], dict(spec), True], _options(job_id, spec))
-              for spec in specs], countdown=countdown)
+    _publish([_message(job_id, spec) for spec in specs], countdown=countdown)
+
+
+def _message(job_id: str, spec: Mapping[str, Any], *, ahead: bool = False
+             ) -> tuple[list[Any], dict[str, Any]]:
+    """A readiness task's (args, options): the action's spec, `trigger`, and whether it goes
+    ahead of its dependency's finish."""
+    args = [job_id, spec["id"], dict(spec), True]
+    return ([*args, True] if ahead else args), _options(job_id, spec)
 
 
 def _publish(messages: Sequence[tuple[list[Any], dict[str, Any]]], *,

@@ -282,9 +282,11 @@ def _ahead(job_id: str, foreseen: list[dict[str, Any]], trigger: bool,
            delivery: Delivery) -> Ahead:
     """The messages to send while the action's finish is on its way (if it succeeds): its
     foreseen dependents that take no slot (readiness), or its chain's next step (canvas)."""
+    if not foreseen:
+        return [], None
     if trigger:
         return dispatch.ahead(job_id, [d for d in foreseen if not gates(job_id, d)])
-    if delivery.forward is not None and foreseen:
+    if delivery.forward is not None:
         return delivery.forward(foreseen)
     return [], None
 
